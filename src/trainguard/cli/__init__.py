@@ -1,0 +1,38 @@
+"""The `trainguard` command line.
+
+Each module in this package that defines `register(app)` adds its commands; the app is
+assembled by discovery so that commands live next to nothing but their own rendering.
+Only the CLI prints and exits; checks return findings (DESIGN.md, convention 4).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import typer
+
+app = typer.Typer(
+    name="trainguard",
+    help="Keeps LLM training runs from failing silently: pre-flight checks, guards, fire drills.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register_commands() -> None:
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name.startswith("_") or info.name == "common":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(app)
+
+
+_register_commands()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,3 @@
+from trainguard.codes import render_markdown
+
+print(render_markdown(), end="")

@@ -1,0 +1,151 @@
+"""Load a recipe by shipped name or path, apply dotted `--set` overrides, validate.
+
+Validation errors name the key and the allowed values, and raise `ConfigError` (exit 2).
+"""
+
+from __future__ import annotations
+
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from trainguard.config.schema import Recipe
+from trainguard.errors import ConfigError
+
+# Keys that may differ between the recipe a run was started with and the one it resumes with.
+RESUMABLE_KEYS = frozenset({"train.max_steps"})
+
+
+def shipped_recipes() -> list[str]:
+    folder = resources.files("trainguard") / "recipes"
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_recipe_file(name_or_path: str) -> tuple[dict[str, Any], str]:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(
+                f"recipe file {path} does not exist",
+                f"give a path to a YAML recipe or one of the shipped names: {shipped_recipes()}",
+            )
+        text, origin = path.read_text(encoding="utf-8"), str(path)
+    else:
+        resource = resources.files("trainguard") / "recipes" / f"{name_or_path}.yaml"
+        if not resource.is_file():
+            raise ConfigError(
+                f"unknown recipe {name_or_path!r}",
+                f"use one of the shipped recipes {shipped_recipes()} or a path to a .yaml file",
+            )
+        text, origin = resource.read_text(encoding="utf-8"), f"shipped recipe {name_or_path}"
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{origin} is not valid YAML: {e}", "fix the YAML syntax") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin} must be a mapping of sections", "see docs/recipes.md")
+    return raw, origin
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return sorted(model.model_fields)
+
+
+def _section_model(model: type[BaseModel], key: str) -> type[BaseModel] | None:
+    """The pydantic model of a nested section, if the field is one (Optional included)."""
+    ann = model.model_fields[key].annotation
+    for candidate in (ann, *typing.get_args(ann)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def apply_override(raw: dict[str, Any], assignment: str) -> None:
+    """Apply `a.b.c=value` to a raw recipe dict; the value is parsed as YAML (3e-4, true, null)."""
+    if "=" not in assignment:
+        raise ConfigError(
+            f"override {assignment!r} has no '='", "write overrides as --set train.lr=3e-4"
+        )
+    dotted, value_text = assignment.split("=", 1)
+    keys = dotted.strip().split(".")
+    model: type[BaseModel] | None = Recipe
+    node = raw
+    for i, key in enumerate(keys):
+        if model is None or key not in model.model_fields:
+            where = ".".join(keys[:i]) or "the recipe"
+            allowed = _field_names(model) if model else []
+            raise ConfigError(
+                f"unknown key {dotted!r} in override: {where} has no field {key!r}",
+                f"allowed keys under {where}: {', '.join(allowed)}",
+            )
+        if i == len(keys) - 1:
+            try:
+                node[key] = yaml.safe_load(value_text) if value_text.strip() else None
+            except yaml.YAMLError:
+                node[key] = value_text
+            return
+        model = _section_model(model, key)
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+
+
+def _format_validation_error(e: ValidationError, origin: str) -> ConfigError:
+    problems, fixes = [], []
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(recipe)"
+        if err["type"] == "extra_forbidden":
+            parent = err["loc"][:-1]
+            model: type[BaseModel] | None = Recipe
+            for p in parent:
+                model = _section_model(model, str(p)) if model else None
+            allowed = ", ".join(_field_names(model)) if model else "?"
+            problems.append(f"unknown key {key!r}")
+            fixes.append(f"allowed keys under {'.'.join(map(str, parent)) or 'the recipe'}: {allowed}")
+        elif err["type"] == "literal_error":
+            problems.append(f"{key}: got {err.get('input')!r}")
+            fixes.append(f"{key} must be one of {err['ctx']['expected']}")
+        else:
+            problems.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+            fixes.append(f"set {key} to a valid value")
+    return ConfigError(f"invalid recipe ({origin}): " + "; ".join(problems), "; ".join(fixes))
+
+
+def validate_recipe(raw: dict[str, Any], origin: str = "recipe") -> Recipe:
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as e:
+        raise _format_validation_error(e, origin) from None
+
+
+def load_recipe(name_or_path: str = "default", overrides: list[str] | None = None) -> Recipe:
+    """The validated recipe with `--set` overrides applied in order."""
+    raw, origin = _read_recipe_file(name_or_path)
+    for assignment in overrides or []:
+        apply_override(raw, assignment)
+    return validate_recipe(raw, origin)
+
+
+def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
+    return recipe.model_dump(mode="json")
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def recipe_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Keys whose values differ, as {dotted key: (old, new)}."""
+    a, b = _flatten(old), _flatten(new)
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}

@@ -1,0 +1,150 @@
+"""The typed recipe schema. Every field has a docstring; unknown keys are rejected.
+
+A recipe is YAML with these sections. `trainguard run --set section.key=value` overrides any
+field; `docs/recipes.md` lists them all (generated from this file).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
+
+
+class DataConfig(_Section):
+    source: str = "stdlib"
+    """Where the text comes from: `stdlib` (the running Python's standard library source), a
+    folder of text files, a `.jsonl` file (one object per line with a `text` field), or a
+    `.parquet` file with a `text` column."""
+    text_field: str = "text"
+    """Field holding the document text in JSONL and Parquet sources."""
+    val_fraction: float = Field(0.05, gt=0.0, lt=0.5)
+    """Share of documents held out for validation, chosen by a stable hash of the document id."""
+    seq_len: int = Field(128, ge=8, le=8192)
+    """Tokens per training sample (the model's context length)."""
+    cache_dir: str | None = None
+    """Where prepared shards are cached. Default: `$TRAINGUARD_CACHE`, else `~/.cache/trainguard`."""
+    shard_tokens: int = Field(4_000_000, ge=1024)
+    """Tokens per shard file."""
+
+
+class TokenizerConfig(_Section):
+    vocab_size: int = Field(4096, ge=260, le=1_000_000)
+    """Byte-level BPE vocabulary size, special tokens included."""
+    min_frequency: int = Field(2, ge=1)
+    """A pair must occur at least this often to be merged."""
+
+
+class MoEConfig(_Section):
+    n_experts: int = Field(4, ge=2)
+    """Experts per MoE layer."""
+    top_k: int = Field(1, ge=1)
+    """Experts each token is routed to (token-choice routers)."""
+    router: Literal["token_choice", "dropless", "expert_choice"] = "token_choice"
+    """`token_choice`: top-k with a capacity limit, overflow tokens dropped and counted.
+    `dropless`: top-k without a limit. `expert_choice`: each expert picks its top tokens over
+    the sequence, which lets a position see the future (a target for `check-model`)."""
+    capacity_factor: float = Field(1.25, gt=0.0)
+    """Capacity per expert as a multiple of the balanced share (token_choice, expert_choice)."""
+    every: int = Field(1, ge=1)
+    """Every k-th transformer block gets an MoE feed-forward; the others a dense one."""
+    aux_loss_weight: float = Field(0.01, ge=0.0)
+    """Weight of the load-balancing loss (Switch Transformer) added to the training loss."""
+
+
+class ModelConfig(_Section):
+    n_layers: int = Field(4, ge=1)
+    """Transformer blocks."""
+    d_model: int = Field(128, ge=8)
+    """Residual stream width."""
+    n_heads: int = Field(4, ge=1)
+    """Attention heads; must divide d_model."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on attention and residual branches."""
+    moe: MoEConfig | None = None
+    """Mixture-of-experts feed-forward; omit for a dense model."""
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}"
+            )
+        return self
+
+
+class TrainConfig(_Section):
+    max_steps: int = Field(500, ge=1)
+    """Optimizer steps. The only key that may change when resuming a run."""
+    batch_size: int = Field(16, ge=1)
+    """Sequences per micro-batch, summed over all processes (the global micro-batch)."""
+    grad_accum: int = Field(1, ge=1)
+    """Micro-batches per optimizer step. Global batch = batch_size * grad_accum sequences."""
+    lr: float = Field(3e-3, gt=0.0)
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    """The cosine schedule decays to lr * min_lr_ratio."""
+    warmup_steps: int = Field(50, ge=0)
+    """Linear warm-up steps."""
+    weight_decay: float = Field(0.1, ge=0.0)
+    """AdamW weight decay on matrices (not on norms, biases or embeddings)."""
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    """AdamW beta1."""
+    beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    """AdamW beta2."""
+    grad_clip: float = Field(1.0, ge=0.0)
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    seed: int = 1337
+    """Seeds model initialisation, dropout and the data order."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """Compute precision: fp32, or bf16 autocast with fp32 weights and optimizer state."""
+    eval_interval: int = Field(100, ge=1)
+    """Validation loss and bits per byte every this many steps, and at the end."""
+    eval_batches: int = Field(8, ge=1)
+    """Micro-batches of validation data per evaluation."""
+    log_interval: int = Field(10, ge=1)
+    """Plain progress lines every this many steps when not on a terminal."""
+    threads: int | None = None
+    """torch intra-op threads; default: torch's choice. Fix it for bitwise reproducibility
+    across machines with different core counts."""
+
+
+class CheckpointConfig(_Section):
+    interval: int = Field(100, ge=1)
+    """Write a checkpoint every this many steps (and always at the end)."""
+    keep: int = Field(3, ge=1)
+    """Valid checkpoints to keep; the newest verified one is never deleted."""
+    dir: str | None = None
+    """Where checkpoints go. Default: `RUN_DIR/checkpoints`."""
+
+
+class PreflightConfig(_Section):
+    enabled: bool = True
+    """Run the pre-flight checks before training."""
+    fail_on_error: bool = True
+    """Refuse to train when a pre-flight check reports an error finding."""
+
+
+class Recipe(_Section):
+    """A complete, validated training recipe."""
+
+    name: str = "default"
+    """Recipe name; the default run dir is `runs/<name>`."""
+    description: str = ""
+    """One line on what the recipe is for."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Corpus and sample length."""
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    """Tokenizer training."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The reference GPT."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """Optimisation and the loop."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Verified checkpoints."""
+    preflight: PreflightConfig = Field(default_factory=PreflightConfig)
+    """Checks before the first step."""
