@@ -1,5 +1,169 @@
-"""Checkpoint layer failure codes. Never reuse or renumber a code."""
+"""Checkpoint layer failure codes. Never reuse or renumber a code.
+
+C101-C149 local checkpoints (this module), C150-C159 resume (codes/checkpoint_resume.py, the run
+orchestration), C201-C299 object storage.
+"""
 
 from trainguard.codes import Code, register
 
-register()
+_CHECKSUMS = (
+    "Zhang et al., 'OPT: Open Pre-trained Transformer Language Models' (2022) and the OPT-175B "
+    "logbook: many restarts from the last checkpoint after hardware failures",
+    "Gupta et al., 'Just-In-Time Checkpointing: Low Cost Error Recovery from Deep Learning "
+    "Training Failures' (EuroSys 2024)",
+)
+_POSIX = (
+    "Pillai et al., 'All File Systems Are Not Created Equal: On the Complexity of Crafting "
+    "Crash-Consistent Applications' (OSDI 2014): write, fsync, rename, fsync the directory",
+)
+_BACKOFF = (
+    "AWS Architecture Blog, 'Exponential Backoff And Jitter' (Brooker, 2015)",
+    "Amazon S3 docs, 'Best practices design patterns: optimizing Amazon S3 performance' "
+    "(503 SlowDown, per-prefix request rates)",
+)
+
+register(
+    Code(
+        code="C101",
+        title="Checkpoint file is corrupt (checksum mismatch)",
+        severity="error",
+        catches="A file of a committed checkpoint whose xxh3-128 checksum differs from the one "
+        "recorded in its manifest when it was written.",
+        why="Resuming from flipped bits (a bad disk, a bad copy, an interrupted sync) silently "
+        "trains on from wrong weights or optimizer moments; the loss may look fine for a while.",
+        fix="Nothing to do for the run: the loader falls back to the previous valid checkpoint. "
+        "Check the disk or copy path that damaged the file; delete the corrupt step folder.",
+        false_positives="None: the manifest is itself checksummed, so a mismatch means the file "
+        "changed after it was written.",
+        references=_CHECKSUMS,
+    ),
+    Code(
+        code="C102",
+        title="Checkpoint file has the wrong size (truncated or appended)",
+        severity="error",
+        catches="A file of a committed checkpoint whose size differs from its manifest entry.",
+        why="A truncated file is the typical trace of a writer killed mid-copy or a disk that "
+        "filled; loading it fails late or, worse, loads a prefix.",
+        fix="The loader falls back to the previous valid checkpoint; free disk space and check "
+        "whatever copied or synced the folder.",
+        references=_CHECKSUMS,
+    ),
+    Code(
+        code="C103",
+        title="Checkpoint file listed in the manifest is missing",
+        severity="error",
+        catches="A file named in a checkpoint's manifest that is not in its folder.",
+        why="A partial copy or a hand-made cleanup left a checkpoint that cannot restore the "
+        "whole training state (for example weights without optimizer moments).",
+        fix="The loader falls back to the previous valid checkpoint; restore the folder from "
+        "its source or delete it.",
+        references=_CHECKSUMS,
+    ),
+    Code(
+        code="C104",
+        title="Checkpoint manifest missing, unreadable or edited",
+        severity="error",
+        catches="A step folder whose manifest.json is absent, is not valid JSON (truncated), "
+        "lacks required fields, or whose self-checksum does not match its content (edited).",
+        why="The manifest is the commit marker: without a trustworthy one nothing says the "
+        "folder was completely written, so it must never be loaded.",
+        fix="The loader skips the folder and uses the previous valid checkpoint; delete the "
+        "folder. Never edit a manifest by hand.",
+        false_positives="A manifest written by a newer trainguard with a different format.",
+        references=_POSIX,
+    ),
+    Code(
+        code="C105",
+        title="Checkpoint manifest names a different step than its folder",
+        severity="error",
+        catches="step-<N>/manifest.json whose `step` field is not N (a folder renamed or copied "
+        "over another).",
+        why="Resuming from the wrong step replays or skips data and desynchronises the "
+        "learning-rate schedule without any error.",
+        fix="The loader skips the folder; rename it back to the step its manifest names or "
+        "delete it.",
+        references=_CHECKSUMS,
+    ),
+    Code(
+        code="C106",
+        title="Checkpoint save failed",
+        severity="error",
+        catches="A checkpoint that could not be written: disk full, file too large for a "
+        "limit, permission denied, a root that is not a directory.",
+        why="A run that keeps training without durable checkpoints loses everything since the "
+        "last good one at the next crash.",
+        fix="Free disk space, raise the quota or file size limit, or point checkpoint.dir at a "
+        "writable place. The previous checkpoint is untouched and the partial one removed.",
+        references=_POSIX,
+    ),
+    Code(
+        code="C107",
+        title="No valid checkpoint although committed ones exist",
+        severity="error",
+        catches="Every committed checkpoint of a store failed verification.",
+        why="Auto-resume would silently start from scratch and overwrite the run's history.",
+        fix="Inspect the findings of each step (`verify`), restore a copy from backup, or start "
+        "a fresh run dir on purpose.",
+        references=_CHECKSUMS,
+    ),
+    Code(
+        code="C201",
+        title="Checkpoint upload failed after retries",
+        severity="error",
+        catches="An object-store transfer that still failed after the configured attempts with "
+        "exponential backoff and jitter, or failed with a permanent error (access denied, no "
+        "such bucket).",
+        why="Without a durable remote copy a lost node loses the run; a half-uploaded step must "
+        "never be mistaken for a checkpoint.",
+        fix="Check credentials, bucket and endpoint; raise retry attempts or lower the upload "
+        "rate if the store answers SlowDown/503. The manifest was not uploaded, so the partial "
+        "step is never loaded.",
+        references=_BACKOFF,
+    ),
+    Code(
+        code="C202",
+        title="Uploaded object does not match the local file",
+        severity="warning",
+        catches="After an upload, the remote object's size (or read-back checksum) differs from "
+        "the local file; the file was uploaded again.",
+        why="Object stores and proxies can truncate or mangle bodies; pruning older checkpoints "
+        "on the strength of an unverified upload can leave no good copy at all.",
+        fix="Usually nothing (the retry fixed it). If it repeats, check proxies, the endpoint "
+        "and multipart settings.",
+        references=_BACKOFF,
+    ),
+    Code(
+        code="C203",
+        title="Transient storage errors were retried",
+        severity="warning",
+        catches="A checkpoint save or load that needed retries (timeouts, connection resets, "
+        "503 SlowDown) to succeed.",
+        why="Retries are the early sign of an overloaded store: many ranks writing at once is "
+        "how shared storage gets throttled into failing whole runs.",
+        fix="Stagger ranks further (retry.stagger_s), rate-limit uploads, or save less often.",
+        false_positives="Isolated retries on a busy but healthy network.",
+        references=_BACKOFF,
+    ),
+    Code(
+        code="C204",
+        title="Partial remote checkpoint without a manifest",
+        severity="warning",
+        catches="A step prefix on the object store holding objects but no manifest.json: an "
+        "upload that was killed before its commit marker.",
+        why="It is never loaded (correct), but it wastes storage and tells of writers dying "
+        "mid-upload.",
+        fix="Nothing to do: retention deletes it once a newer checkpoint is verified.",
+        references=_BACKOFF,
+    ),
+    Code(
+        code="C205",
+        title="Local checkpoint cache was stale or damaged",
+        severity="info",
+        catches="The cached copy of a remote checkpoint failed verification or did not match "
+        "the remote manifest, so it was downloaded again.",
+        why="A damaged cache must not be trusted over the object store; the re-download costs "
+        "time, not correctness.",
+        fix="Nothing to do; if it repeats, check the cache disk.",
+        references=_CHECKSUMS,
+    ),
+)

@@ -1,0 +1,178 @@
+"""`run_model_checks`: every pre-flight model check, in train and in eval mode.
+
+Per mode, one reference batch x (B, T) of random token ids is shared by the checks:
+determinism (same seed twice), batch independence (M103), future-token leak (M101), gradient
+leak map (M102), train/serve consistency (M104) and MoE token drops (M105). Rows of x are
+independent sequences; when the model is batch-independent, the leak checks test one cut
+point per row, so 16 cut points cost B-times fewer passes. The model is left exactly as it
+was (modes, parameters, buffers) and the caller's RNG state is untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainguard.checks._model_runner import (
+    CheckStats,
+    ModelCheckInputError,
+    ModelRunner,
+    ModelState,
+    cut_points,
+    set_mode,
+)
+from trainguard.checks.batch_independence import check_batch_independence
+from trainguard.checks.causality import check_future_leak
+from trainguard.checks.gradient_leak import check_gradient_leak
+from trainguard.checks.moe_drops import check_moe_drops
+from trainguard.checks.train_serve import check_train_serve
+from trainguard.findings import Finding, has_errors
+
+MODES = ("train", "eval")
+
+
+@dataclass
+class CheckReport:
+    """Findings of the model checks plus the cost of each check."""
+
+    findings: list[Finding]
+    stats: dict[str, CheckStats]
+    seconds: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not has_errors(self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "findings": [f.to_dict() for f in self.findings],
+            "checks": {k: v.to_dict() for k, v in self.stats.items()},
+            "seconds": self.seconds,
+            **self.details,
+        }
+
+
+def _validate(model: Any, vocab_size: int, seq_len: int, batch_size: int) -> None:
+    if not isinstance(model, nn.Module):
+        raise ModelCheckInputError(
+            f"expected a torch.nn.Module, got {type(model).__name__}",
+            "make the factory return an nn.Module mapping LongTensor [B, T] to logits",
+        )
+    if vocab_size < 2:
+        raise ModelCheckInputError(f"vocab size {vocab_size} is too small", "give --vocab-size >= 2")
+    if seq_len < 2:
+        raise ModelCheckInputError(
+            f"sequence length {seq_len} leaves no later position to test", "give --seq-len >= 2"
+        )
+    if batch_size < 2:
+        raise ModelCheckInputError(
+            f"batch size {batch_size} cannot test batch independence", "give --batch-size >= 2"
+        )
+
+
+def _check_mode(runner: ModelRunner, mode: str, n_cuts: int) -> list[Finding]:
+    findings: list[Finding] = []
+    set_mode(runner.model, mode)
+    b, t = runner.batch_size, runner.seq_len
+    x = runner.tokens(b, t)
+    with runner.timed("reference") as stats:
+        base, _ = runner.forward(x, stats)
+        again, _ = runner.forward(x, stats)
+        base, again = base.detach(), again.detach()
+        noise = float((base.float() - again.float()).abs().max())  # deliberate host sync
+    tol = 8.0 * noise
+    if noise > 0:
+        findings.append(
+            Finding.of(
+                "M106",
+                f"nondeterministic forward in {mode} mode: the same batch and seed gave logits "
+                f"differing by up to {noise:.3g}; comparisons allow {tol:.3g}",
+                where=f"{mode} mode",
+                data={"mode": mode, "noise": noise},
+            )
+        )
+    dependent = check_batch_independence(runner, x, base, mode, tol)
+    findings += dependent
+    cuts = cut_points(t, n_cuts)
+    findings += check_future_leak(runner, x, base, mode, cuts, not dependent, tol)
+    findings += check_gradient_leak(runner, x, mode, cuts, not dependent, tol)
+    stochastic = False
+    if mode == "train":
+        with runner.timed("train_serve") as stats:
+            other, _ = runner.forward(x, stats, seed=runner.seed + 1)
+            stochastic = bool((other.detach().float() - base.float()).abs().max() > tol)
+    if stochastic:
+        findings.append(
+            Finding.of(
+                "M107",
+                "train/serve consistency not checked in train mode: the forward is stochastic "
+                "(dropout), so draws cannot line up between different lengths; checked in eval "
+                "mode",
+                where=f"{mode} mode",
+                data={"mode": mode, "check": "train_serve"},
+            )
+        )
+    else:
+        findings += check_train_serve(runner, x, base, mode, atol=tol)
+    drops, per_layer = check_moe_drops(runner, mode)
+    findings += drops
+    if per_layer:
+        runner.moe_drops = {**getattr(runner, "moe_drops", {}), mode: per_layer}
+    return findings
+
+
+def run_model_checks(
+    model: nn.Module,
+    vocab_size: int,
+    seq_len: int,
+    batch_size: int = 4,
+    dtype: str | None = None,
+    seed: int = 0,
+    n_cuts: int = 16,
+    modes: tuple[str, ...] = MODES,
+    lr: float = 3e-3,
+    min_lr: float | None = None,
+    master_weights: str = "fp32",
+) -> CheckReport:
+    """Run every model check on `model` (LongTensor [B, T] -> logits [B, T, V]).
+
+    `dtype` ("fp32", "bf16", "fp16") adds the model-level precision audit
+    (`precision_audit.audit_model_precision`) at learning rates `lr` and `min_lr`, with the
+    weights kept in `master_weights`. Raises `ModelCheckInputError` (exit 2) when the model
+    cannot be run as described.
+    """
+    _validate(model, vocab_size, seq_len, batch_size)
+    t0 = time.perf_counter()
+    runner = ModelRunner(model, vocab_size, seq_len, batch_size, seed)
+    state = ModelState(model)
+    findings: list[Finding] = []
+    details: dict[str, Any] = {"modes": list(modes), "cut_points": cut_points(seq_len, n_cuts)}
+    try:
+        for mode in modes:
+            findings += _check_mode(runner, mode, n_cuts)
+    finally:
+        state.restore()
+    if getattr(runner, "moe_drops", None):
+        details["moe_drops"] = runner.moe_drops
+    if dtype is not None:
+        from trainguard.checks.precision_audit import audit_model_precision
+
+        with runner.timed("precision_audit") as stats:
+            audit = audit_model_precision(
+                model, vocab_size, seq_len, dtype, lr=lr, min_lr=min_lr,
+                batch_size=batch_size, seed=seed, master_weights=master_weights,
+            )
+            stats.forwards += audit.forwards
+            stats.backwards += audit.backwards
+        findings += audit.findings
+        details["precision"] = audit.details
+    return CheckReport(findings, runner.stats, time.perf_counter() - t0, details)
+
+
+__all__ = ["CheckReport", "run_model_checks", "torch"]

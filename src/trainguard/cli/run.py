@@ -1,0 +1,75 @@
+"""`trainguard run [RECIPE]`: the main job."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainguard.cli.common import console, findings_table, handle_errors
+from trainguard.errors import EXIT_FINDINGS, EXIT_OK
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    @handle_errors
+    def run_command(
+        recipe: Annotated[
+            str, typer.Argument(help="A shipped recipe name (e.g. `default`) or a YAML path.")
+        ] = "default",
+        run_dir: Annotated[
+            Path | None,
+            typer.Option("--run-dir", help="Where the run lives. Default: runs/<recipe name>."),
+        ] = None,
+        overrides: Annotated[
+            list[str] | None,
+            typer.Option("--set", help="Override a recipe key, e.g. --set train.lr=3e-4."),
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    ) -> None:
+        """Prepare data, run pre-flight checks, train with verified checkpoints and auto-resume,
+        evaluate, and write a report. Running it again in the same run dir resumes."""
+        from trainguard.config.load import load_recipe
+        from trainguard.train.run import run_recipe
+
+        resolved = load_recipe(recipe, overrides)
+        folder = run_dir or Path("runs") / resolved.name
+        result = run_recipe(resolved, folder, progress=not (quiet or as_json))
+        errors = [f for f in result.findings if f.severity == "error"]
+        if as_json:
+            payload = {
+                "ok": not errors,
+                "findings": [f.to_dict() for f in result.findings],
+                "run_dir": str(result.run_dir),
+                "final_step": result.final_step,
+                "final_val_loss": result.final_val_loss,
+                "final_val_bpb": result.final_val_bpb,
+                "params": result.params,
+                "tokens": result.tokens,
+                "resumed_from": result.resumed_from,
+            }
+            sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        elif not quiet:
+            if result.findings:
+                console.print(findings_table(result.findings, "Run findings"))
+            console.print(
+                f"[bold]done[/]: step {result.final_step}, val_loss "
+                f"{result.final_val_loss:.4f}, val_bpb {result.final_val_bpb:.4f}, "
+                f"report {result.run_dir / 'report.html'}"
+            )
+        raise typer.Exit(EXIT_FINDINGS if errors else EXIT_OK)
+
+    @app.command("report")
+    @handle_errors
+    def report_command(
+        run_dir: Annotated[Path, typer.Argument(help="A run dir written by `trainguard run`.")],
+    ) -> None:
+        """Regenerate RUN_DIR/report.html and RUN_DIR/report.md from the run's files."""
+        from trainguard.report.build import write_report
+
+        html_path, md_path = write_report(run_dir)
+        console.print(f"wrote {html_path} and {md_path}")

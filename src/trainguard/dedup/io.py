@@ -1,0 +1,178 @@
+"""Read and write JSONL and Parquet documents, keeping every field and the input's format.
+
+JSONL kept records are copied byte for byte from the input lines (no re-serialisation), Parquet
+rows keep the input schema. Blank JSONL lines are not documents and are skipped everywhere, so a
+document's position means the same thing to every engine. Spark writes folders of part files;
+`read_records` reads a file or such a folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainguard.errors import BadInputError, DataError
+
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+
+
+def detect_format(path: str | Path, must_exist: bool = True) -> str:
+    """`jsonl` or `parquet` from the file name (a folder: from its part files)."""
+    path = Path(path)
+    if must_exist and not path.exists():
+        raise DataError(f"input {path} does not exist", "give the path of a .jsonl or .parquet file")
+    if path.is_dir():
+        kinds = {FORMATS.get(p.suffix) for p in _part_files(path)} - {None}
+        if len(kinds) == 1:
+            return kinds.pop()  # type: ignore[return-value]
+    elif path.suffix.lower() in FORMATS:
+        return FORMATS[path.suffix.lower()]
+    raise BadInputError(
+        f"cannot tell the format of {path}: expected a .jsonl, .ndjson or .parquet file",
+        "rename the file with one of those extensions, or convert it to JSONL or Parquet",
+    )
+
+
+def _part_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(("_", ".")))
+
+
+def parse_jsonl_line(line: bytes | str, lineno: int, path: str, text_field: str) -> dict[str, Any]:
+    """One JSONL record, with errors that name the file, line and field."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})", "fix or drop that line") from None
+    if not isinstance(rec, dict):
+        raise DataError(f"{path}:{lineno}: a JSONL record must be an object", "fix that line")
+    if not isinstance(rec.get(text_field), str):
+        raise DataError(
+            f"{path}:{lineno}: no string field {text_field!r}",
+            f"give every record a {text_field!r} string, or pass --text-field with the right name",
+        )
+    return rec
+
+
+def _jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line) of the non-blank lines."""
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                yield lineno, line
+
+
+def iter_batches(
+    path: str | Path, fmt: str, text_field: str = "text", id_field: str = "id", size: int = 2048
+) -> Iterator[tuple[list[str], list[Any]]]:
+    """(texts, ids) in input order, `size` documents at a time; ids are None where absent."""
+    path = Path(path)
+    texts: list[str] = []
+    ids: list[Any] = []
+    if fmt == "jsonl":
+        for lineno, line in _jsonl_lines(path):
+            rec = parse_jsonl_line(line, lineno, str(path), text_field)
+            texts.append(rec[text_field])
+            ids.append(rec.get(id_field))
+            if len(texts) == size:
+                yield texts, ids
+                texts, ids = [], []
+        if texts:
+            yield texts, ids
+        return
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    names = pf.schema_arrow.names
+    if text_field not in names:
+        raise DataError(
+            f"{path} has no column {text_field!r} (columns: {', '.join(names)})",
+            "pass --text-field with the name of the text column",
+        )
+    cols = [text_field] + ([id_field] if id_field in names else [])
+    for batch in pf.iter_batches(batch_size=size, columns=cols):
+        t = batch.column(0).to_pylist()
+        if any(not isinstance(x, str) for x in t):
+            raise DataError(f"{path}: column {text_field!r} has a null or non-string value",
+                            "drop or fill the rows without text")
+        yield t, (batch.column(1).to_pylist() if len(cols) == 2 else [None] * len(t))
+
+
+@contextlib.contextmanager
+def _atomic_path(out: Path) -> Iterator[Path]:
+    """A temporary name next to `out`, renamed onto it only when the block succeeds."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, out)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_kept(in_path: str | Path, out_path: str | Path, fmt: str, keep: np.ndarray) -> int:
+    """Copy the records where keep[i] is true, in input order; returns how many were written."""
+    in_path, out_path = Path(in_path), Path(out_path)
+    written = 0
+    with _atomic_path(out_path) as tmp:
+        if fmt == "jsonl":
+            with open(tmp, "wb") as out:
+                for i, (_, line) in enumerate(_jsonl_lines(in_path)):
+                    if keep[i]:
+                        out.write(line if line.endswith(b"\n") else line + b"\n")
+                        written += 1
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pf = pq.ParquetFile(in_path)
+            with pq.ParquetWriter(tmp, pf.schema_arrow) as writer:
+                start = 0
+                for batch in pf.iter_batches(batch_size=8192):
+                    mask = pa.array(keep[start : start + batch.num_rows])
+                    start += batch.num_rows
+                    kept = batch.filter(mask)
+                    written += kept.num_rows
+                    writer.write_batch(kept)
+    return written
+
+
+def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    with _atomic_path(Path(path)) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """Every record of a JSONL or Parquet file, or of a Spark folder of part files, in order."""
+    path = Path(path)
+    files = _part_files(path) if path.is_dir() else [path]
+    fmt = detect_format(path)
+    records: list[dict[str, Any]] = []
+    for f in files:
+        if fmt == "jsonl":
+            records += [json.loads(line) for _, line in _jsonl_lines(f)]
+        else:
+            import pyarrow.parquet as pq
+
+            records += pq.read_table(f).to_pylist()
+    return records
+
+
+def check_output(out_path: str | Path, fmt: str, in_path: str | Path) -> None:
+    """OUT must not be IN and must not name the other format."""
+    out_path = Path(out_path)
+    if out_path.exists() and Path(in_path).exists() and out_path.resolve() == Path(in_path).resolve():
+        raise BadInputError(f"--out {out_path} is the input file", "write to a different path")
+    other = FORMATS.get(out_path.suffix.lower())
+    if other is not None and other != fmt:
+        raise BadInputError(
+            f"--out {out_path} names {other} but the input is {fmt}; output keeps the input format",
+            f"give --out a {'.jsonl' if fmt == 'jsonl' else '.parquet'} name",
+        )

@@ -1,0 +1,97 @@
+"""The local engine: exact then near deduplication of one JSONL or Parquet file in one process.
+
+Pass 1 streams the input in batches: normalise, exact key, and a MinHash signature for the first
+document of each normalised text (copies need none). The signatures, bands and union-find then
+decide what to remove; pass 2 streams the input again and copies the kept records. Memory is
+one signature (4 bytes per hash function) and one 16-byte key per distinct document.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainguard.dedup import io
+from trainguard.dedup.lsh import DedupParams, UnionFind, local_edges
+from trainguard.dedup.minhash import MinHasher
+from trainguard.dedup.normalise import exact_key, normalise
+from trainguard.dedup.plan import resolve, with_ids
+from trainguard.dedup.report import DedupReport, TextStats, check_params, default_clusters_path
+
+
+def dedup_texts(
+    batches: Any, params: DedupParams
+) -> tuple[int, dict[int, int], dict[int, int], np.ndarray, np.ndarray, list[Any], TextStats]:
+    """Pass 1 over `(texts, ids)` batches.
+
+    Returns (n, exact_rep, near_root, uniq_idx, uniq_sigs, ids, stats): see plan.resolve.
+    """
+    hasher = MinHasher(params.num_perm, params.seed, params.ngram)
+    first_of: dict[int, int] = {}
+    exact_rep: dict[int, int] = {}
+    idx_parts: list[np.ndarray] = []
+    sig_parts: list[np.ndarray] = []
+    ids: list[Any] = []
+    stats = TextStats()
+    n = 0
+    for texts, batch_ids in batches:
+        new_idx: list[int] = []
+        new_norm: list[str] = []
+        for text in texts:
+            norm = normalise(text)
+            stats.add(norm, params.ngram)
+            key = exact_key(norm)
+            rep = first_of.setdefault(key, n)
+            if rep != n:
+                exact_rep[n] = rep
+            elif norm:  # an empty text has no shingles: only exact duplicates apply
+                new_idx.append(n)
+                new_norm.append(norm)
+            n += 1
+        ids.extend(batch_ids)
+        if new_idx:
+            idx_parts.append(np.array(new_idx, dtype=np.int64))
+            sig_parts.append(hasher.signatures(new_norm))
+    uniq_idx = np.concatenate(idx_parts) if idx_parts else np.zeros(0, dtype=np.int64)
+    uniq_sigs = (
+        np.concatenate(sig_parts) if sig_parts else np.zeros((0, params.num_perm), np.uint32)
+    )
+    near_root = UnionFind().roots(local_edges(uniq_idx, uniq_sigs, params))
+    return n, exact_rep, near_root, uniq_idx, uniq_sigs, ids, stats
+
+
+def dedup_file(
+    in_path: str | Path,
+    out_path: str | Path,
+    clusters_path: str | Path | None = None,
+    params: DedupParams | None = None,
+    text_field: str = "text",
+    id_field: str = "id",
+) -> DedupReport:
+    """Deduplicate IN into OUT (same format) and write the clusters file; pure apart from files."""
+    params = params or DedupParams()
+    check_params(params)
+    fmt = io.detect_format(in_path)
+    out_path = Path(out_path)
+    io.check_output(out_path, fmt, in_path)
+    clusters_path = Path(clusters_path or default_clusters_path(out_path))
+    t0 = time.perf_counter()
+    batches = io.iter_batches(in_path, fmt, text_field, id_field)
+    n, exact_rep, near_root, uniq_idx, uniq_sigs, ids, stats = dedup_texts(batches, params)
+
+    def similarity(a: int, b: int) -> float:
+        ra, rb = np.searchsorted(uniq_idx, [a, b])
+        return float(np.count_nonzero(uniq_sigs[ra] == uniq_sigs[rb])) / params.num_perm
+
+    rows = with_ids(resolve(exact_rep, near_root, similarity), ids.__getitem__)
+    keep = np.ones(n, dtype=bool)
+    keep[[r.removed for r in rows]] = False
+    io.write_kept(in_path, out_path, fmt, keep)
+    io.write_jsonl(clusters_path, [r.to_dict() for r in rows])
+    seconds = time.perf_counter() - t0
+    return DedupReport.build(
+        "local", params, n, rows, stats, seconds, out_path, clusters_path, fmt
+    )

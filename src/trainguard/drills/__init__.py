@@ -1,0 +1,1 @@
+"""Fire drills: inject one fault into a real run and show what trainguard caught."""

@@ -1,0 +1,121 @@
+"""Fault injection points in the training loop, for fire drills and crash tests.
+
+A plan comes from the environment variable `TRAINGUARD_INJECT`, a comma-separated list of
+`fault@step` items, for example `kill@7:backward,nan@12`. The loop calls `plan.at(phase, step)`
+at phase boundaries; with no plan this is a dictionary miss, nothing more.
+
+Faults:
+- `kill@N:PHASE`  SIGKILL this process when step N (1-based, as logged) reaches PHASE (data, forward, backward,
+  optimizer, checkpoint_write, checkpoint_rename).
+- `nan@N`         the loss of step N becomes NaN (a poisoned batch).
+- `spike@N`       the loss of step N is multiplied by 50 (an outlier batch).
+- `hang@N`        step N sleeps forever in the forward pass (for the hang watchdog).
+- `bitflip@N`     flip the top exponent bit of one parameter after step N (silent corruption).
+- `slow@N`        step N and later sleep 0.2 s each (a straggler).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from trainguard.errors import BadInputError
+
+ENV_VAR = "TRAINGUARD_INJECT"
+KNOWN = {"kill", "nan", "spike", "hang", "bitflip", "slow"}
+
+
+@dataclass
+class FaultPlan:
+    kills: dict[int, str] = field(default_factory=dict)
+    nan_steps: set[int] = field(default_factory=set)
+    spike_steps: set[int] = field(default_factory=set)
+    hang_steps: set[int] = field(default_factory=set)
+    bitflip_steps: set[int] = field(default_factory=set)
+    slow_from: int | None = None
+    fired: set[str] = field(default_factory=set)
+    poisoned: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str | None) -> FaultPlan:
+        plan = cls()
+        for item in filter(None, (t.strip() for t in (text or "").split(","))):
+            name, _, where = item.partition("@")
+            step_text, _, phase = where.partition(":")
+            if name not in KNOWN or not step_text.isdigit():
+                raise BadInputError(
+                    f"cannot parse fault {item!r} in {ENV_VAR}",
+                    f"use fault@step with fault one of {sorted(KNOWN)}, e.g. kill@7:backward",
+                )
+            step = int(step_text)
+            if name == "kill":
+                plan.kills[step] = phase or "forward"
+            elif name == "nan":
+                plan.nan_steps.add(step)
+            elif name == "spike":
+                plan.spike_steps.add(step)
+            elif name == "hang":
+                plan.hang_steps.add(step)
+            elif name == "bitflip":
+                plan.bitflip_steps.add(step)
+            elif name == "slow":
+                plan.slow_from = step
+        return plan
+
+    @classmethod
+    def from_env(cls) -> FaultPlan:
+        return cls.parse(os.environ.get(ENV_VAR))
+
+    @property
+    def active(self) -> bool:
+        return bool(
+            self.kills or self.nan_steps or self.spike_steps or self.hang_steps
+        ) or bool(self.bitflip_steps) or self.slow_from is not None
+
+    def at(self, phase: str, step: int) -> None:
+        """Called by the loop when `step` enters `phase`."""
+        if self.kills.get(step) == phase:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if phase == "forward" and step in self.hang_steps:
+            while True:  # a hang: only the watchdog gets us out
+                time.sleep(1.0)
+        if phase == "forward" and self.slow_from is not None and step >= self.slow_from:
+            time.sleep(0.2)
+
+    def corrupt_loss(self, step: int, position: int, loss: torch.Tensor) -> torch.Tensor:
+        """A poisoned (NaN) or outlier (x50) batch.
+
+        The fault belongs to the batch, not the step: the batch first seen at step N is bad
+        every time it is computed, as a real bad batch would be, so a rerun reproduces it
+        (data, not hardware) and a rollback that skips its positions gets past it.
+        """
+        if step in self.nan_steps and f"nan@{step}" not in self.fired:
+            self.fired.add(f"nan@{step}")
+            self.poisoned[position] = "nan"
+        if step in self.spike_steps and f"spike@{step}" not in self.fired:
+            self.fired.add(f"spike@{step}")
+            self.poisoned[position] = "spike"
+        kind = self.poisoned.get(position)
+        if kind == "nan":
+            return loss * float("nan")
+        if kind == "spike":
+            return loss * 50.0
+        return loss
+
+    def maybe_flip_bit(self, step: int, model: torch.nn.Module) -> bool:
+        """Flip the top exponent bit of the first element of the first matrix (once)."""
+        key = f"bitflip@{step}"
+        if step not in self.bitflip_steps or key in self.fired:
+            return False
+        self.fired.add(key)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2 and p.dtype == torch.float32:
+                    bits = p.view(torch.int32)
+                    bits.view(-1)[0] ^= 1 << 30
+                    return True
+        return False

@@ -1,0 +1,220 @@
+"""Read and write documents as records that keep every field: JSONL, Parquet, or a text folder.
+
+Filtering must not lose what it does not understand: a record keeps all its fields, kept records
+are written in the input's own format, and rejected ones get two extra fields (`_reject_codes`,
+`_reject_reasons`). JSONL lines are decoded with `surrogateescape`: invalid UTF-8 bytes survive as
+lone surrogates (rule D230 points at them) and are written back byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import DataError
+
+REJECT_FIELDS = ("_reject_codes", "_reject_reasons")
+_PARQUET_BATCH = 1024
+
+
+@dataclass
+class Record:
+    """One document: its id, its text, and every field of the source record."""
+
+    id: str
+    text: str
+    fields: dict[str, Any]
+
+
+def source_format(source: str | Path) -> str:
+    """`jsonl`, `parquet`, `folder` or `stdlib`; a missing path raises DataError."""
+    if str(source) == "stdlib":
+        return "stdlib"
+    path = Path(source)
+    if not path.exists():
+        raise DataError(
+            f"data source {path} does not exist",
+            "give a .jsonl or .parquet file, a folder of text files, or 'stdlib'",
+        )
+    if path.is_dir():
+        return "folder"
+    if path.suffix == ".jsonl" or path.name.endswith(".jsonl.txt"):
+        return "jsonl"
+    if path.suffix in (".parquet", ".pq"):
+        return "parquet"
+    raise DataError(
+        f"cannot read {path}: unknown format {path.suffix!r}",
+        "use a .jsonl file (one JSON object per line), a .parquet file, or a folder",
+    )
+
+
+def iter_records(source: str | Path, text_field: str = "text") -> Iterator[Record]:
+    """Every document of `source` as a Record, in source order."""
+    fmt = source_format(source)
+    if fmt == "jsonl":
+        yield from _iter_jsonl(Path(source), text_field)
+    elif fmt == "parquet":
+        yield from _iter_parquet(Path(source), text_field)
+    elif fmt == "folder":
+        yield from _iter_folder(Path(source))
+    else:
+        yield from _iter_folder(Path(sysconfig.get_paths()["stdlib"]), suffixes={".py"})
+
+
+def _text_of(fields: dict[str, Any], text_field: str, where: str) -> str:
+    text = fields.get(text_field)
+    if not isinstance(text, str):
+        found = sorted(k for k, v in fields.items() if isinstance(v, str))
+        raise DataError(
+            f"{where} has no string field {text_field!r} (string fields: {found})",
+            f"pass --text-field with the field that holds the text (one of {found})",
+        )
+    return text
+
+
+def _iter_jsonl(path: Path, text_field: str) -> Iterator[Record]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            line = raw.decode("utf-8", errors="surrogateescape")
+            try:
+                fields = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(
+                    f"{path}:{lineno} is not valid JSON ({e.msg})",
+                    "write one JSON object per line (JSON Lines)",
+                ) from None
+            if not isinstance(fields, dict):
+                raise DataError(f"{path}:{lineno} is not a JSON object", "one object per line")
+            text = _text_of(fields, text_field, f"{path}:{lineno}")
+            yield Record(str(fields.get("id", f"{path.name}:{lineno}")), text, fields)
+
+
+def _iter_parquet(path: Path, text_field: str) -> Iterator[Record]:
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path)
+    if text_field not in pf.schema_arrow.names:
+        raise DataError(
+            f"{path} has no column {text_field!r} (columns: {pf.schema_arrow.names})",
+            f"pass --text-field with one of {pf.schema_arrow.names}",
+        )
+    row = 0
+    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH):
+        for fields in batch.to_pylist():
+            text = _text_of(fields, text_field, f"{path} row {row}")
+            yield Record(str(fields.get("id", f"{path.name}:{row}")), text, fields)
+            row += 1
+
+
+def _iter_folder(root: Path, suffixes: set[str] | None = None) -> Iterator[Record]:
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        if suffixes is not None and path.suffix not in suffixes:
+            continue
+        data = path.read_bytes()
+        if b"\x00" in data[:1024]:
+            continue  # binary file, not text
+        text = data.decode("utf-8", errors="surrogateescape")
+        yield Record(rel, text, {"id": rel, "text": text})
+
+
+def output_paths(source: str | Path, out: str | Path) -> tuple[Path, Path, str]:
+    """(kept path, rejected path, format) for `--out OUT`.
+
+    OUT ending in .jsonl/.parquet is the kept file and the rejected one sits beside it as
+    `<stem>.rejected<suffix>`; any other OUT is a folder holding `kept.<ext>` and `rejected.<ext>`.
+    Folders and stdlib are written as JSONL.
+    """
+    fmt = source_format(source)
+    fmt = fmt if fmt in ("jsonl", "parquet") else "jsonl"
+    out = Path(out)
+    if out.suffix in (".jsonl", ".parquet"):
+        fmt = out.suffix[1:]
+        return out, out.with_name(f"{out.stem}.rejected{out.suffix}"), fmt
+    return out / f"kept.{fmt}", out / f"rejected.{fmt}", fmt
+
+
+def parquet_schemas(source: str | Path) -> tuple[Any, Any]:
+    """(kept schema, rejected schema) of a Parquet source: its own columns, plus the reasons."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.ParquetFile(source).schema_arrow
+    rejected = schema
+    for name in REJECT_FIELDS:
+        rejected = rejected.append(pa.field(name, pa.list_(pa.string())))
+    return schema, rejected
+
+
+class RecordWriter:
+    """Writes records in `fmt`, streaming; Parquet uses `schema` (else the first batch's)."""
+
+    def __init__(self, path: Path, fmt: str, schema: Any = None) -> None:
+        self.path, self.fmt, self._schema = Path(path), fmt, schema
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.count = 0
+        self._buffer: list[dict[str, Any]] = []
+        self._pq_writer: Any = None
+        self._file = open(self.path, "wb") if fmt == "jsonl" else None  # noqa: SIM115
+
+    def write(self, fields: dict[str, Any]) -> None:
+        self.count += 1
+        if self._file is not None:
+            self._file.write(_jsonl_line(fields))
+        else:
+            self._buffer.append(fields)
+            if len(self._buffer) >= _PARQUET_BATCH:
+                self._flush_parquet()
+
+    def _flush_parquet(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self._buffer:
+            return
+        if self._pq_writer is None:
+            table = pa.Table.from_pylist(self._buffer, schema=self._schema)
+            self._pq_writer = pq.ParquetWriter(self.path, table.schema)
+        else:
+            table = pa.Table.from_pylist(self._buffer, schema=self._pq_writer.schema)
+        self._pq_writer.write_table(table)
+        self._buffer = []
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            return
+        self._flush_parquet()
+        if self._pq_writer is None:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            # No records: still write a valid, empty file with the input's columns.
+            schema = self._schema if self._schema is not None else pa.schema([])
+            pq.write_table(schema.empty_table(), self.path)
+        else:
+            self._pq_writer.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _jsonl_line(fields: dict[str, Any]) -> bytes:
+    text = json.dumps(fields, ensure_ascii=False)
+    try:
+        # Surrogate escapes go back to the original (invalid) bytes.
+        return text.encode("utf-8", errors="surrogateescape") + b"\n"
+    except UnicodeEncodeError:
+        # Lone surrogates that were not escapes (JSON "\ud800"): keep them as JSON escapes.
+        return json.dumps(fields, ensure_ascii=True).encode("ascii") + b"\n"

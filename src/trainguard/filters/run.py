@@ -1,0 +1,153 @@
+"""Run the rules over a whole source: filter it to files, or sample it for inspection."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainguard.filters.base import FilterConfig, Flag
+from trainguard.filters.records import (
+    REJECT_FIELDS,
+    Record,
+    RecordWriter,
+    iter_records,
+    output_paths,
+    parquet_schemas,
+    source_format,
+)
+from trainguard.filters.registry import apply_rules, reasons, select_rules
+from trainguard.findings import Finding
+
+
+@dataclass
+class FilterSummary:
+    """Counts of one filter pass. `by_code`: documents flagged by each code (a document rejected
+    by several rules counts once per code)."""
+
+    total: int = 0
+    kept: int = 0
+    rejected: int = 0
+    by_code: dict[str, int] = field(default_factory=dict)
+    kept_path: str = ""
+    rejected_path: str = ""
+    seconds: float = 0.0
+
+    def findings(self) -> list[Finding]:
+        """One finding per code that rejected documents: warnings, the filter did its job."""
+        return [
+            Finding.of(
+                code,
+                f"{n} of {self.total} documents rejected ({n / max(self.total, 1):.1%})",
+                data={"documents": n},
+            )
+            for code, n in sorted(self.by_code.items())
+        ]
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "total": self.total,
+            "kept": self.kept,
+            "rejected": self.rejected,
+            "by_code": dict(sorted(self.by_code.items())),
+            "kept_path": self.kept_path,
+            "rejected_path": self.rejected_path,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def filter_source(
+    source: str | Path,
+    out: str | Path,
+    text_field: str = "text",
+    config: FilterConfig | None = None,
+    disabled: Iterable[str] = (),
+) -> FilterSummary:
+    """Write the documents of `source` that pass every rule to OUT, the others beside them."""
+    t0 = time.perf_counter()
+    rules = select_rules(disabled)
+    kept_path, rejected_path, fmt = output_paths(source, out)
+    kept_schema = rejected_schema = None
+    if fmt == "parquet" and source_format(source) == "parquet":
+        kept_schema, rejected_schema = parquet_schemas(source)
+    summary = FilterSummary(kept_path=str(kept_path), rejected_path=str(rejected_path))
+    by_code: Counter[str] = Counter()
+    with (
+        RecordWriter(kept_path, fmt, kept_schema) as kept,
+        RecordWriter(rejected_path, fmt, rejected_schema) as rejected,
+    ):
+        for rec in iter_records(source, text_field):
+            summary.total += 1
+            flags = apply_rules(rec.text, config, rules)
+            if not flags:
+                kept.write(rec.fields)
+                continue
+            why = reasons(flags)
+            by_code.update(r["code"] for r in why)
+            codes_field, reasons_field = REJECT_FIELDS
+            rejected.write(
+                {
+                    **rec.fields,
+                    codes_field: [r["code"] for r in why],
+                    reasons_field: [f"{r['code']}: {r['message']}" for r in why],
+                }
+            )
+    summary.kept, summary.rejected = kept.count, rejected.count
+    summary.by_code = dict(by_code)
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+@dataclass
+class Sample:
+    """A sampled document and the flags the rules raise on it."""
+
+    index: int
+    record: Record
+    flags: list[Flag]
+
+
+@dataclass
+class Inspection:
+    total: int
+    flagged: int
+    by_code: dict[str, int]
+    samples: list[Sample]
+
+
+def inspect_source(
+    source: str | Path,
+    n: int = 20,
+    seed: int = 0,
+    text_field: str = "text",
+    config: FilterConfig | None = None,
+    disabled: Iterable[str] = (),
+    only_flagged: bool = False,
+) -> Inspection:
+    """Per-code document counts over the whole source, and `n` documents drawn uniformly at
+    random (reservoir sampling, so one pass and O(n) memory; the same seed gives the same draw)."""
+    rules = select_rules(disabled)
+    rng = random.Random(seed)
+    by_code: Counter[str] = Counter()
+    reservoir: list[Sample] = []
+    total = flagged = seen = 0
+    for i, rec in enumerate(iter_records(source, text_field)):
+        total += 1
+        flags = apply_rules(rec.text, config, rules)
+        if flags:
+            flagged += 1
+            by_code.update({f.code for f in flags})
+        elif only_flagged:
+            continue
+        seen += 1
+        if len(reservoir) < n:
+            reservoir.append(Sample(i, rec, flags))
+        else:
+            j = rng.randrange(seen)
+            if j < n:
+                reservoir[j] = Sample(i, rec, flags)
+    reservoir.sort(key=lambda s: s.index)
+    return Inspection(total, flagged, dict(sorted(by_code.items())), reservoir)

@@ -1,0 +1,54 @@
+"""Detector settings: windows and thresholds, one docstring each (shared by `watch` and `Guard`).
+
+The defaults are chosen to stay quiet on clean curves (power-law decay with warm-up, a cosine
+learning-rate schedule, Gaussian or heavy-tailed per-batch noise of a few percent) and to catch
+the planted faults in tests/test_monitors*.py.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class MonitorsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    spike_window: int = Field(64, ge=8)
+    """Steps of history for the rolling median and IQR the spike detectors score against."""
+    spike_min_history: int = Field(20, ge=4)
+    """Steps seen before spikes are scored, so early training's fast changes never alarm."""
+    loss_spike_z: float = Field(6.0, gt=0.0)
+    """A loss spike is more than this many robust standard deviations (IQR / 1.349) above the
+    rolling median..."""
+    loss_spike_min_ratio: float = Field(1.2, ge=1.0)
+    """...and at least this multiple of the rolling median (both must hold)."""
+    grad_spike_z: float = Field(6.0, gt=0.0)
+    """A gradient-norm spike is more than this many robust standard deviations above the rolling
+    median..."""
+    grad_spike_min_ratio: float = Field(2.0, ge=1.0)
+    """...and at least this multiple of the rolling median (both must hold)."""
+    divergence_span: int = Field(50, ge=2)
+    """Span of the exponential moving average of the loss (alpha = 2 / (span + 1))."""
+    divergence_rise: float = Field(0.1, gt=0.0)
+    """Divergence: the smoothed loss is more than this fraction above its best value..."""
+    divergence_patience: int = Field(20, ge=1)
+    """...for this many consecutive steps."""
+    divergence_min_steps: int = Field(50, ge=0)
+    """Steps seen before divergence is scored (warm-up bumps are not divergence)."""
+    oscillation_window: int = Field(512, ge=32)
+    """Rows of loss history tested for a periodic wave; the longest detectable period is a
+    third of it (in rows)."""
+    oscillation_interval: int = Field(128, ge=1)
+    """Test for a wave every this many rows (the FFT cost is amortised over them)."""
+    oscillation_alpha: float = Field(1e-6, gt=0.0, lt=1.0)
+    """Significance level of Fisher's g-test on the residual periodogram."""
+    oscillation_min_amplitude: float = Field(0.003, ge=0.0)
+    """Ignore waves whose amplitude is below this fraction of the loss (harmless ripples)."""
+    throughput_window: int = Field(64, ge=4)
+    """Steps of tokens-per-second history for the rolling median."""
+    throughput_drop: float = Field(0.3, gt=0.0, lt=1.0)
+    """A throughput drop is this fraction or more below the rolling median..."""
+    throughput_patience: int = Field(5, ge=1)
+    """...for this many consecutive steps (single slow steps such as checkpoints are ignored)."""
+    throughput_min_history: int = Field(10, ge=1)
+    """Steps seen before throughput is scored (the first steps are slow: allocation, compile)."""

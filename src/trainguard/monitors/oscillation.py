@@ -1,0 +1,183 @@
+"""R105: a periodic wave in the loss, the signature of a poorly shuffled data order.
+
+Every `interval` rows the last `window` rows are tested:
+1. Detrend: fit a cubic in log(step) to log(loss) by least squares (a power law with warm-up
+   and a cosine schedule is smooth in those coordinates) and keep the residual. Log units make
+   the amplitude relative: 0.01 means a 1% wave.
+2. Periodogram of the residual (no taper, so bins are independent under white noise), over
+   frequencies k = 3 .. (n-1)//2: periods from n/3 down to two rows. Slower waves cannot be
+   told apart from the trend.
+3. Fisher's g-test: g = max P_k / sum P_k; under white noise P(G > g) ~= m (1 - g)^(m - 1) for m
+   bins. A peak is a wave when that is below `alpha` and its amplitude at least `min_amplitude`.
+4. The period is refined on an 8x zero-padded, Hann-tapered spectrum, converted from rows to
+   steps (rows may be logged every k steps), and compared with the known data period P: it
+   matches when it is within 10% of P / h for a harmonic h in 1..4.
+The FFT costs O(n log n) every `interval` rows: O(window / interval * log window) amortised.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from trainguard.findings import Finding
+
+MIN_ROWS = 96
+_K_MIN = 3
+_PAD = 8
+_MATCH_TOL = 0.1
+
+
+def find_wave(steps: np.ndarray, values: np.ndarray, alpha: float) -> dict[str, float] | None:
+    """The most significant periodic component of `values` over `steps`, or None.
+
+    Returns {"period_steps", "amplitude", "p_value", "g"} when Fisher's test rejects white noise
+    at `alpha`; pure function, used online and offline.
+    """
+    n = len(values)
+    if n < MIN_ROWS:
+        return None
+    y = np.log(values) if np.all(values > 0) else values / max(np.mean(np.abs(values)), 1e-12)
+    t = np.log1p(np.maximum(steps, 0.0))  # log(step + 1): finite at step 0
+    t_lo, t_hi = float(t.min()), float(t.max())
+    if t_hi <= t_lo:
+        return None
+    u = 2.0 * (t - t_lo) / (t_hi - t_lo) - 1.0
+    design = np.vander(u, 4)  # (n, 4): u^3, u^2, u, 1
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    resid = y - design @ coef
+    if not np.any(np.abs(resid) > 1e-12):
+        return None  # a curve the cubic explains exactly: constant, pure power law
+    spec = np.abs(np.fft.rfft(resid)) ** 2
+    m_hi = (n - 1) // 2
+    band = spec[_K_MIN : m_hi + 1]
+    total = float(band.sum())
+    if total <= 0 or len(band) < 8:
+        return None
+    k_rel = int(np.argmax(band))
+    g = float(band[k_rel]) / total
+    m = len(band)
+    p_value = min(1.0, m * (1.0 - g) ** (m - 1))
+    if p_value >= alpha:
+        return None
+    k = k_rel + _K_MIN
+    # Refine the frequency between bins on a zero-padded tapered spectrum near the peak.
+    w = np.hanning(n)
+    fine = np.abs(np.fft.rfft(resid * w, n=_PAD * n))
+    lo, hi = max(1, _PAD * (k - 1)), min(len(fine) - 1, _PAD * (k + 1))
+    j = lo + int(np.argmax(fine[lo : hi + 1]))
+    amplitude = 2.0 * float(fine[j]) / float(w.sum())
+    period_rows = _PAD * n / j
+    stride = float(np.median(np.diff(steps))) if n > 1 else 1.0
+    return {
+        "period_steps": period_rows * max(stride, 1e-12),
+        "amplitude": amplitude,
+        "p_value": p_value,
+        "g": g,
+    }
+
+
+def match_data_period(period: float, data_period: float | None) -> tuple[bool | None, int | None]:
+    """Whether `period` is the data period or one of its first harmonics (P/2, P/3, P/4)."""
+    if not data_period:
+        return None, None
+    for h in (1, 2, 3, 4):
+        if abs(period - data_period / h) <= _MATCH_TOL * data_period / h:
+            return True, h
+    return False, None
+
+
+class OscillationDetector:
+    code = "R105"
+
+    def __init__(
+        self,
+        metric: str = "loss",
+        window: int = 512,
+        interval: int = 128,
+        alpha: float = 1e-6,
+        min_amplitude: float = 0.003,
+        data_period: float | None = None,
+    ) -> None:
+        self.metric = metric
+        self.interval = interval
+        self.alpha = alpha
+        self.min_amplitude = min_amplitude
+        self.data_period = data_period
+        self.buf: deque[tuple[int, float]] = deque(maxlen=window)
+        self.since_test = 0
+        self.reported: list[float] = []
+
+    def update(self, step: int, metrics: Mapping[str, float | None]) -> list[Finding]:
+        x = metrics.get(self.metric)
+        if x is None or not math.isfinite(x):
+            return []
+        self.buf.append((int(step), float(x)))
+        self.since_test += 1
+        if self.since_test < self.interval or len(self.buf) < MIN_ROWS:
+            return []
+        return self._test(step)
+
+    def finalize(self, step: int | None = None) -> list[Finding]:
+        """Test the rows seen since the last test (offline: at the end of a log)."""
+        if self.since_test == 0 or not self.buf:
+            return []
+        return self._test(self.buf[-1][0] if step is None else step)
+
+    def _test(self, step: int) -> list[Finding]:
+        self.since_test = 0
+        arr = np.asarray(self.buf, dtype=np.float64)  # (n, 2): step, value
+        wave = find_wave(arr[:, 0], arr[:, 1], self.alpha)
+        if wave is None or wave["amplitude"] < self.min_amplitude:
+            return []
+        period = wave["period_steps"]
+        # One finding per distinct wave, not one per test of the same wave.
+        if any(abs(period - p) <= 0.15 * p for p in self.reported):
+            return []
+        self.reported.append(period)
+        matches, harmonic = match_data_period(period, self.data_period)
+        known = ""
+        if matches is not None:
+            known = (
+                f"; it matches the data period {self.data_period:g}"
+                + (f" (harmonic {harmonic})" if harmonic and harmonic > 1 else "")
+                if matches
+                else f"; it does not match the data period {self.data_period:g}"
+            )
+        return [
+            Finding.of(
+                self.code,
+                f"{self.metric} oscillates with a period of {period:.1f} steps and a relative "
+                f"amplitude of {wave['amplitude']:.2%} (Fisher's g-test p={wave['p_value']:.1e})"
+                + known,
+                step=step,
+                metric=self.metric,
+                data={
+                    "period_steps": float(period),
+                    "amplitude": float(wave["amplitude"]),
+                    "p_value": float(wave["p_value"]),
+                    "rows": len(self.buf),
+                    "data_period_steps": self.data_period,
+                    "matches_data_period": matches,
+                    "harmonic": harmonic,
+                },
+            )
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "buf": [list(r) for r in self.buf],
+            "since_test": self.since_test,
+            "reported": list(self.reported),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buf.clear()
+        for s, v in state["buf"]:
+            self.buf.append((int(s), float(v)))
+        self.since_test = int(state["since_test"])
+        self.reported = [float(p) for p in state["reported"]]

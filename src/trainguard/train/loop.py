@@ -1,0 +1,168 @@
+"""One optimizer step and one evaluation, read top to bottom (nanoGPT-style).
+
+The run orchestration (`train/run.py`) decides when to step, evaluate, checkpoint and act on
+findings; this module only does the arithmetic of a step. It never syncs with the host except
+where marked: the loss and the gradient norm, which every guard needs, once per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainguard.config.schema import Recipe
+from trainguard.data.order import ElasticOrder, batch_hash
+from trainguard.drills.faults import FaultPlan
+from trainguard.train.schedule import lr_at
+
+
+@dataclass
+class StepResult:
+    """What one forward/backward over the global batch produced, before the update."""
+
+    loss: float
+    grad_norm: float
+    batch_hash: str
+    ids: np.ndarray
+
+
+@dataclass
+class World:
+    """This process's place among the data-parallel ranks (1 process by default)."""
+
+    rank: int = 0
+    size: int = 1
+
+    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return t
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+        return t / self.size
+
+
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class Trainer:
+    """Holds the model, optimizer and data order; computes steps and evaluations."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_data,  # data.shards.TokenDataset
+        val_data,
+        *,
+        world: World | None = None,
+        faults: FaultPlan | None = None,
+        device: torch.device | None = None,
+        ddp_model: torch.nn.Module | None = None,
+        on_phase: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.recipe = recipe
+        self.model = model
+        # The module we call forward/backward on: the DDP wrapper when data parallel.
+        self.net = ddp_model if ddp_model is not None else model
+        self.optimizer = optimizer
+        self.train_data = train_data
+        self.val_data = val_data
+        self.world = world or World()
+        self.faults = faults or FaultPlan()
+        self.device = device or torch.device("cpu")
+        self.on_phase = on_phase or (lambda phase, step: None)
+        t = recipe.train
+        self.seq_len = recipe.data.seq_len
+        self.global_batch = t.batch_size * t.grad_accum  # sequences per optimizer step
+        self.order = ElasticOrder(train_data.num_samples(self.seq_len), t.seed)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def _phase(self, name: str, step: int) -> None:
+        self.on_phase(name, step)
+        self.faults.at(name, step)
+
+    def _micro_batch(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.from_numpy(self.train_data.samples(ids, self.seq_len))  # (b, T+1)
+        tokens = tokens.to(self.device, non_blocking=True)
+        return tokens[:, :-1], tokens[:, 1:]  # inputs (b, T), targets (b, T)
+
+    def forward_backward(self, step: int, position: int) -> StepResult:
+        """Gradients of the global batch at `position`, accumulated over micro-batches.
+
+        `step` is the 1-based number of the step being computed (the `step` of its log row).
+        """
+        t = self.recipe.train
+        self._phase("data", step)
+        ids = self.order.sample_ids(position, self.global_batch)  # (G,) global, rank-independent
+        micro = t.batch_size
+        local = micro // self.world.size  # this rank's share of each micro-batch
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        for k in range(t.grad_accum):
+            micro_ids = ids[k * micro : (k + 1) * micro]
+            x, y = self._micro_batch(micro_ids[self.world.rank * local : (self.world.rank + 1) * local])
+            last = k == t.grad_accum - 1
+            # DDP all-reduces gradients only on the last micro-batch of the step.
+            sync = contextlib.nullcontext() if last or self.net is self.model else self.net.no_sync()
+            with sync:
+                self._phase("forward", step)
+                with _autocast(t.precision, self.device):
+                    logits = self.net(x)  # (b, T, V)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                    loss = self.faults.corrupt_loss(step, position, loss)
+                    aux = self.model.aux_loss() if hasattr(self.model, "aux_loss") else 0.0
+                self._phase("backward", step)
+                ((loss + aux) / t.grad_accum).backward()
+            loss_sum += loss.detach()
+        self._phase("optimizer", step)
+        # Norm before clipping: the guard judges the raw gradient. max_norm=inf only measures.
+        clip = t.grad_clip if t.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
+        mean_loss = self.world.all_reduce_mean(loss_sum / t.grad_accum)
+        # One deliberate host sync per step: the guards need both numbers.
+        stats = torch.stack([mean_loss, grad_norm.to(mean_loss.dtype)]).tolist()
+        return StepResult(loss=stats[0], grad_norm=stats[1], batch_hash=batch_hash(ids), ids=ids)
+
+    def apply_update(self, step: int) -> float:
+        """Set step `step`'s (1-based) learning rate and apply the update; returns the lr."""
+        t = self.recipe.train
+        lr = lr_at(step - 1, t.lr, t.warmup_steps, t.max_steps, t.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return lr
+
+    def discard_update(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss (nats/token) and bits per byte on a fixed, evenly spread sample."""
+        t = self.recipe.train
+        n_val = self.val_data.num_samples(self.seq_len)
+        n = min(n_val, t.eval_batches * t.batch_size)
+        ids = np.linspace(0, n_val - 1, n).astype(np.int64)
+        was_training = self.model.training
+        self.model.eval()
+        total, count = 0.0, 0
+        for start in range(0, n, t.batch_size):
+            x, y = self._micro_batch(ids[start : start + t.batch_size])
+            with _autocast(t.precision, self.device):
+                logits = self.model(x)  # (b, T, V)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
+            total += loss.item()  # host sync: evaluation only, not the hot path
+            count += y.numel()
+        self.model.train(was_training)
+        val_loss = total / max(count, 1)
+        val_bpb = val_loss / math.log(2) / self.val_data.bytes_per_token
+        return {"val_loss": val_loss, "val_bpb": val_bpb}

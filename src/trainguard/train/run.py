@@ -1,0 +1,254 @@
+"""`trainguard run`: prepare data -> pre-flight -> guarded training with verified checkpoints
+and auto-resume -> evaluation -> report.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from trainguard.checkpoint.store import CheckpointStore
+from trainguard.config.load import recipe_to_dict
+from trainguard.config.schema import Recipe
+from trainguard.data.prepare import prepare_data
+from trainguard.drills.faults import FaultPlan
+from trainguard.findings import Finding
+from trainguard.model.gpt import GPT
+from trainguard.train import rundir
+from trainguard.train.envinfo import drift_findings, environment_fingerprint
+from trainguard.train.loop import Trainer, World
+from trainguard.train.metrics import MetricsLog, ProgressDisplay
+from trainguard.train.state import TrainerState, read_checkpoint_files, write_checkpoint_files
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    final_step: int
+    final_val_loss: float | None
+    final_val_bpb: float | None
+    params: int
+    tokens: int
+    resumed_from: int | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+
+def set_determinism(recipe: Recipe) -> None:
+    """Same recipe and seed give bitwise the same weights on CPU (DESIGN.md, convention 9)."""
+    if recipe.train.threads:
+        torch.set_num_threads(recipe.train.threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.manual_seed(recipe.train.seed)
+
+
+def build_model(recipe: Recipe, vocab_size: int, device: torch.device) -> GPT:
+    torch.manual_seed(recipe.train.seed)  # initialisation depends on the seed alone
+    return GPT(recipe.model, vocab_size=vocab_size, seq_len=recipe.data.seq_len).to(device)
+
+
+def build_optimizer(recipe: Recipe, model: GPT) -> torch.optim.Optimizer:
+    t = recipe.train
+    return model.configure_optimizer(t.lr, t.weight_decay, (t.beta1, t.beta2))
+
+
+def checkpoint_root(recipe: Recipe, run_dir: Path) -> str:
+    return recipe.checkpoint.dir or str(run_dir / "checkpoints")
+
+
+class RunSession:
+    """The state of one `trainguard run` invocation, so the phases read as methods."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        run_dir: Path,
+        *,
+        progress: bool = True,
+        world: World | None = None,
+        faults: FaultPlan | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self.recipe = recipe
+        self.recipe_dict = recipe_to_dict(recipe)
+        self.run_dir = Path(run_dir)
+        self.progress_enabled = progress
+        self.world = world or World()
+        self.is_main = self.world.rank == 0
+        self.faults = faults if faults is not None else FaultPlan.from_env()
+        self.device = device or torch.device("cpu")
+        self.findings: list[Finding] = []
+        self.metrics = MetricsLog(self.run_dir)
+        self.env = environment_fingerprint()
+        self.state = TrainerState()
+        self.resumed_from: int | None = None
+        self.last_eval: dict[str, float] = {}
+
+    # -- phases -----------------------------------------------------------------------------
+    def setup(self) -> None:
+        rundir.ensure_writable(self.run_dir)
+        rundir.check_resume_recipe(self.run_dir, self.recipe_dict)
+        set_determinism(self.recipe)
+        self.data = prepare_data(
+            self.recipe.data, self.recipe.tokenizer, progress=self.progress_enabled and self.is_main
+        )
+        if self.is_main:
+            rundir.write_recipe(self.run_dir, self.recipe_dict)
+            shutil.copyfile(self.data.tokenizer_path, self.run_dir / "tokenizer.json")
+        self.model = build_model(self.recipe, self.data.vocab_size, self.device)
+        self.optimizer = build_optimizer(self.recipe, self.model)
+        self.store = CheckpointStore(
+            checkpoint_root(self.recipe, self.run_dir),
+            keep=self.recipe.checkpoint.keep,
+            rank=self.world.rank,
+            world_size=self.world.size,
+        )
+
+    def record(self, findings: list[Finding]) -> None:
+        for f in findings:
+            self.findings.append(f)
+            if self.is_main:
+                self.metrics.write({"kind": "finding", **f.to_dict()})
+
+    def resume(self) -> None:
+        """Continue from the newest valid checkpoint, falling back past corrupt ones."""
+        loaded = self.store.load_latest()
+        if loaded is None:
+            if self.is_main:
+                self.metrics.truncate_after(0)
+            return
+        self.state, saved_env = read_checkpoint_files(loaded.path, self.model, self.optimizer)
+        self.resumed_from = self.state.step
+        if self.is_main:
+            self.metrics.truncate_after(self.state.step)
+        self.record(loaded.findings)
+        self.record(drift_findings(saved_env, self.env, self.state.step))
+        self.record(
+            [
+                Finding.of(
+                    "C150",
+                    f"resumed from checkpoint step {self.state.step} ({loaded.path})",
+                    step=self.state.step,
+                    data={"path": str(loaded.path)},
+                )
+            ]
+        )
+
+    def save_checkpoint(self) -> None:
+        step = self.state.step
+
+        def write(folder: Path) -> None:
+            write_checkpoint_files(
+                folder, self.model, self.optimizer, self.state, self.recipe_dict, self.env
+            )
+            self.faults.at("checkpoint_write", step)
+
+        self.faults.at("checkpoint", step)
+        if self.is_main:
+            self.store.save(step, write, meta={"tokens_seen": self.state.tokens_seen})
+
+    def evaluate(self) -> None:
+        result = self.trainer.evaluate()
+        self.last_eval = result
+        if self.is_main:
+            self.metrics.write({"kind": "eval", "step": self.state.step, **result})
+        self.display.message(
+            f"eval @ step {self.state.step}: val_loss {result['val_loss']:.4f}  "
+            f"val_bpb {result['val_bpb']:.4f}"
+        )
+
+    def train(self) -> None:
+        r = self.recipe
+        t = r.train
+        self.trainer = Trainer(
+            r,
+            self.model,
+            self.optimizer,
+            self.data.train,
+            self.data.val,
+            world=self.world,
+            faults=self.faults,
+            device=self.device,
+        )
+        self.display = ProgressDisplay(
+            t.max_steps, self.state.step, t.log_interval, enabled=self.progress_enabled and self.is_main
+        )
+        tokens_per_step = self.trainer.global_batch * r.data.seq_len
+        try:
+            if self.state.step == 0 and self.is_main:
+                self.metrics.write({"kind": "event", "step": 0, "event": "start", "env": self.env})
+            while self.state.step < t.max_steps:
+                step = self.state.step + 1  # the step being computed, as its log row will say
+                t0 = time.perf_counter()
+                out = self.trainer.forward_backward(step, self.state.loader_position)
+                lr = self.trainer.apply_update(step)
+                self.state.advance(self.trainer.global_batch, tokens_per_step, self.trainer.order.num_samples)
+                dt = time.perf_counter() - t0
+                tokens_per_s = tokens_per_step / dt
+                if self.is_main:
+                    self.metrics.write(
+                        {
+                            "kind": "step",
+                            "step": self.state.step,
+                            "loss": out.loss,
+                            "grad_norm": out.grad_norm,
+                            "lr": lr,
+                            "tokens_per_s": tokens_per_s,
+                            "batch_hash": out.batch_hash,
+                            "step_time_s": dt,
+                            "time": time.time(),
+                        }
+                    )
+                self.display.update(self.state.step, out.loss, tokens_per_s)
+                done = self.state.step == t.max_steps
+                if self.state.step % t.eval_interval == 0 or done:
+                    self.evaluate()
+                if self.state.step % r.checkpoint.interval == 0 or done:
+                    self.save_checkpoint()
+            if self.resumed_from == t.max_steps or not self.last_eval:
+                self.evaluate()  # nothing left to train: still report where the model stands
+        finally:
+            self.display.close()
+
+    def result(self) -> RunResult:
+        return RunResult(
+            run_dir=self.run_dir,
+            final_step=self.state.step,
+            final_val_loss=self.last_eval.get("val_loss"),
+            final_val_bpb=self.last_eval.get("val_bpb"),
+            params=sum(p.numel() for p in self.model.parameters()),
+            tokens=self.state.tokens_seen,
+            resumed_from=self.resumed_from,
+            findings=list(self.findings),
+        )
+
+
+def run_recipe(
+    recipe: Recipe,
+    run_dir: str | Path,
+    *,
+    progress: bool = True,
+    faults: FaultPlan | None = None,
+    report: bool = True,
+) -> RunResult:
+    """The whole guarded run. Resumes automatically when the run dir has checkpoints."""
+    session = RunSession(recipe, Path(run_dir), progress=progress, faults=faults)
+    try:
+        session.setup()
+        session.resume()
+        session.train()
+        if session.is_main:
+            session.metrics.write(
+                {"kind": "event", "step": session.state.step, "event": "end", **session.last_eval}
+            )
+    finally:
+        session.metrics.close()
+    result = session.result()
+    if report and session.is_main:
+        from trainguard.report.build import write_report
+
+        write_report(session.run_dir)
+    return result

@@ -1,0 +1,132 @@
+"""Serialise the training state into checkpoint files and back.
+
+Weights go to safetensors and everything else to JSON or tensors-only `torch.save` files that
+load with `weights_only=True`: nothing in a checkpoint is ever unpickled (DESIGN.md, convention 10).
+Everything a bitwise resume needs is here: weights, AdamW moments, the step, the data position,
+the RNG states (dropout) and the monitors' windows.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from safetensors.torch import load_model, save_model
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+LOADER_FILE = "loader.json"
+RNG_FILE = "rng.pt"
+TRAINER_FILE = "trainer.json"
+RECIPE_FILE = "recipe.yaml"
+ENV_FILE = "env.json"
+
+
+@dataclass
+class TrainerState:
+    """The loop's own counters; the data position is the loader state."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    # Data position: epoch and position within it, plus the global position they come from
+    # (epoch * num_samples + position), which is what the elastic order is indexed by.
+    loader: dict[str, Any] = field(
+        default_factory=lambda: {"epoch": 0, "position": 0, "global_position": 0}
+    )
+    skipped_positions: list[list[int]] = field(default_factory=list)
+    guard: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def loader_position(self) -> int:
+        return int(self.loader["global_position"])
+
+    def advance(self, samples: int, tokens: int, num_samples: int) -> None:
+        """One step consumed `samples` sequences of the order and trained on `tokens` tokens."""
+        self.step += 1
+        self.tokens_seen += tokens
+        self.skip_data(samples, num_samples)
+
+    def skip_data(self, samples: int, num_samples: int) -> None:
+        g = self.loader_position + samples
+        self.loader = {"epoch": g // num_samples, "position": g % num_samples, "global_position": g}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "loader": self.loader,
+            "skipped_positions": self.skipped_positions,
+            "guard": self.guard,
+        }
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    state = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            state[f"torch_cuda_{i}"] = s
+    return state
+
+
+def write_checkpoint_files(
+    folder: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer: TrainerState,
+    recipe: dict[str, Any],
+    env: dict[str, Any],
+) -> None:
+    """Write every payload file of a checkpoint into `folder` (the store adds the manifest)."""
+    save_model(model, str(folder / MODEL_FILE))
+    torch.save(optimizer.state_dict(), folder / OPTIMIZER_FILE)
+    torch.save(_rng_state(), folder / RNG_FILE)
+    (folder / LOADER_FILE).write_text(json.dumps(trainer.loader, indent=2))
+    trainer_doc = trainer.to_dict() | {"python_random": _py_random_state()}
+    (folder / TRAINER_FILE).write_text(json.dumps(trainer_doc, indent=2))
+    (folder / RECIPE_FILE).write_text(yaml.safe_dump(recipe, sort_keys=False))
+    (folder / ENV_FILE).write_text(json.dumps(env, indent=2))
+
+
+def _py_random_state() -> list[Any]:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def read_checkpoint_files(
+    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[TrainerState, dict[str, Any]]:
+    """Load a verified checkpoint folder into `model` and `optimizer`; restore the RNGs.
+
+    Returns the trainer state and the environment fingerprint the checkpoint was written with.
+    """
+    missing, unexpected = load_model(model, str(folder / MODEL_FILE), strict=True)
+    assert not missing and not unexpected  # strict=True raises first; kept for the reader
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
+    rng = torch.load(folder / RNG_FILE, weights_only=True)
+    torch.set_rng_state(rng["torch_cpu"])
+    if torch.cuda.is_available():
+        states = [rng[k] for k in sorted(rng) if k.startswith("torch_cuda_")]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states)
+    doc = json.loads((folder / TRAINER_FILE).read_text())
+    version, internal, gauss = doc.pop("python_random")
+    random.setstate((version, tuple(internal), gauss))
+    trainer = TrainerState(
+        step=doc["step"],
+        tokens_seen=doc["tokens_seen"],
+        loader=json.loads((folder / LOADER_FILE).read_text()),
+        skipped_positions=doc.get("skipped_positions", []),
+        guard=doc.get("guard", {}),
+    )
+    env = json.loads((folder / ENV_FILE).read_text())
+    return trainer, env
+
+
+def read_checkpoint_recipe(folder: Path) -> dict[str, Any]:
+    return yaml.safe_load((folder / RECIPE_FILE).read_text())

@@ -1,0 +1,111 @@
+"""Faults and bad input around a real run: corrupt checkpoints, damaged shards, bad corpora,
+unwritable run dirs, a disk that fills during a checkpoint write."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from .conftest import run_cli, tiny_recipe_dict
+
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def flip_byte(path: Path, offset: int = -100) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_checkpoint_falls_back_to_previous(tiny_recipe: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json"]
+    assert run_cli(*args).returncode == 0
+    flip_byte(run_dir / "checkpoints" / "step-12" / "model.safetensors")
+    res = run_cli(*args, "--set", "train.max_steps=16")
+    payload = json.loads(res.stdout)
+    assert payload["resumed_from"] == 8 and payload["final_step"] == 16
+    corrupt = [f for f in payload["findings"] if "corrupt" in f["message"]]
+    assert corrupt, payload["findings"]
+    assert "model.safetensors" in corrupt[0]["message"]
+    assert res.returncode == (1 if corrupt[0]["severity"] == "error" else 0)
+
+
+def test_checkpoint_with_broken_manifest_is_never_loaded(tiny_recipe: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json"]
+    assert run_cli(*args).returncode == 0
+    manifest12 = run_dir / "checkpoints" / "step-12" / "manifest.json"
+    manifest12.write_text(manifest12.read_text()[:40])  # truncated
+    manifest8 = run_dir / "checkpoints" / "step-8" / "manifest.json"
+    doc = json.loads(manifest8.read_text())
+    first = next(iter(doc["files"]))
+    doc["files"][first]["checksum"] = "0" * 32  # edited
+    manifest8.write_text(json.dumps(doc))
+    payload = json.loads(run_cli(*args, "--set", "train.max_steps=14").stdout)
+    assert payload["resumed_from"] == 4
+    assert payload["final_step"] == 14
+
+
+def test_damaged_shard_is_an_error_naming_the_file(small_corpus: Path, tmp_path: Path) -> None:
+    recipe = tiny_recipe_dict(small_corpus, tmp_path / "cache")
+    recipe["train"]["max_steps"] = 2
+    path = write_recipe(tmp_path / "r.yaml", recipe)
+    assert run_cli("run", str(path), "--run-dir", str(tmp_path / "a"), "-q").returncode == 0
+    shard = sorted((tmp_path / "cache").rglob("*.bin"))[0]
+    flip_byte(shard, offset=10)
+    res = run_cli("run", str(path), "--run-dir", str(tmp_path / "b"), "-q")
+    assert res.returncode == 2
+    assert shard.name in res.stderr and "corrupt" in res.stderr
+
+
+def test_missing_and_empty_corpus_are_clear_errors(small_corpus: Path, tmp_path: Path) -> None:
+    recipe = tiny_recipe_dict(small_corpus, tmp_path / "cache")
+    recipe["data"]["source"] = str(tmp_path / "nowhere")
+    res = run_cli("run", str(write_recipe(tmp_path / "a.yaml", recipe)), "--run-dir", str(tmp_path / "a"))
+    assert res.returncode == 2 and "nowhere" in res.stderr
+    (tmp_path / "empty").mkdir()
+    recipe["data"]["source"] = str(tmp_path / "empty")
+    res = run_cli("run", str(write_recipe(tmp_path / "b.yaml", recipe)), "--run-dir", str(tmp_path / "b"))
+    assert res.returncode == 2 and "empty" in res.stderr
+
+
+def test_unwritable_run_dir_exit_2(tiny_recipe: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    res = run_cli("run", str(tiny_recipe), "--run-dir", str(blocker / "run"))
+    assert res.returncode == 2
+    assert "cannot write to run dir" in res.stderr and "--run-dir" in res.stderr
+
+
+def _limit_file_size() -> None:
+    # A real kernel limit: writes past 200 kB fail with EFBIG, like a disk that fills up.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+
+
+def test_disk_full_during_checkpoint_keeps_previous(tiny_recipe: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "trainguard", "run", str(tiny_recipe), "--run-dir", str(run_dir), "-q"]
+    assert subprocess.run([*args, "--set", "train.max_steps=4"], capture_output=True).returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_INJECT"}
+    res = subprocess.run([*args, "--set", "train.max_steps=8"], capture_output=True, text=True,
+                         env=env, preexec_fn=_limit_file_size)
+    assert res.returncode == 2, res.stderr
+    assert "checkpoint" in res.stderr.lower()
+    assert not (run_dir / "checkpoints" / "step-8").exists()
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith(".")] == ["step-4"]
+    res = run_cli("run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json",
+                  "--set", "train.max_steps=8")
+    payload = json.loads(res.stdout)
+    assert payload["resumed_from"] == 4 and payload["final_step"] == 8

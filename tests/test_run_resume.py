@@ -1,0 +1,100 @@
+"""SIGKILL a real run at several points, resume it, and compare bitwise with an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from .conftest import run_cli
+
+
+def step_rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("kind") == "step"]
+
+
+def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "checkpoints" / f"step-{step}" / "model.safetensors")
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs"
+
+
+def kill_when_steps_reach(args: list[str], n_steps: int, run_dir: Path) -> int:
+    """Start a run and SIGKILL it from outside once its log shows `n_steps` step rows."""
+    env = {**os.environ, "CI": "1"}
+    env.pop("TRAINGUARD_INJECT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "trainguard", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and metrics.read_text().count('"kind": "step"') >= n_steps:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    return proc.wait(timeout=60)
+
+
+def test_sigkill_anywhere_then_resume_is_bitwise_identical(tiny_recipe: Path, tmp_path: Path) -> None:
+    clean, chained = tmp_path / "clean", tmp_path / "chained"
+    res = run_cli("run", str(tiny_recipe), "--run-dir", str(clean), "-q")
+    assert res.returncode == 0, res.stderr
+
+    args = ["run", str(tiny_recipe), "--run-dir", str(chained), "-q"]
+    # Killed mid-backward, mid-checkpoint-write (payload written, no manifest yet), in the
+    # optimizer phase, and right at the start of a step after a checkpoint.
+    for fault in ("kill@3:backward", "kill@8:checkpoint_write", "kill@10:optimizer", "kill@9:data"):
+        res = run_cli(*args, env={"TRAINGUARD_INJECT": fault})
+        assert res.returncode == -signal.SIGKILL, (fault, res.returncode, res.stderr[-2000:])
+    # And from outside, at whatever moment the process happens to be in.
+    assert kill_when_steps_reach(args, 10, chained) == -signal.SIGKILL
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr
+
+    # No half-written checkpoint is ever visible under a step-* name.
+    for folder in (chained / "checkpoints").glob("step-*"):
+        assert (folder / "manifest.json").exists()
+    assert_bitwise_equal(final_weights(clean, 12), final_weights(chained, 12))
+    a, b = step_rows(clean), step_rows(chained)
+    assert [r["step"] for r in b] == list(range(1, 13)), "steps replayed or missing in the log"
+    assert [r["batch_hash"] for r in a] == [r["batch_hash"] for r in b]
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+
+
+def test_two_fresh_runs_are_bitwise_identical_and_seed_matters(tiny_recipe: Path, tmp_path: Path) -> None:
+    common = ["--set", "train.max_steps=4", "-q"]
+    for name in ("a", "b"):
+        assert run_cli("run", str(tiny_recipe), "--run-dir", str(tmp_path / name), *common).returncode == 0
+    res = run_cli("run", str(tiny_recipe), "--run-dir", str(tmp_path / "c"), *common,
+                  "--set", "train.seed=7")
+    assert res.returncode == 0, res.stderr
+    a, b, c = (final_weights(tmp_path / n, 4) for n in "abc")
+    assert_bitwise_equal(a, b)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+    assert step_rows(tmp_path / "a")[0]["batch_hash"] != step_rows(tmp_path / "c")[0]["batch_hash"]
+
+
+def test_resume_extends_max_steps_but_refuses_other_changes(tiny_recipe: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    base = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json"]
+    assert run_cli(*base, "--set", "train.max_steps=4").returncode == 0
+    res = run_cli(*base, "--set", "train.max_steps=4", "--set", "train.lr=1e-4")
+    assert res.returncode == 2
+    assert "train.lr" in res.stderr and "--run-dir" in res.stderr
+    res = run_cli(*base, "--set", "train.max_steps=8")
+    assert res.returncode == 0, res.stderr
+    payload = json.loads(res.stdout)
+    assert payload["resumed_from"] == 4 and payload["final_step"] == 8
+    assert any(f["code"] == "C150" for f in payload["findings"])
