@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from runhelpers import run_cli
 from trainguard.config import load_recipe, recipe_diff, recipe_to_dict, shipped_recipes
 from trainguard.config.schema import Recipe
 from trainguard.errors import ConfigError
-
-from .conftest import run_cli
 
 
 def test_default_recipe_ships_and_validates() -> None:
@@ -35,7 +34,7 @@ def test_default_recipe_ships_and_validates() -> None:
         ("checkpoint.keep=2", ("checkpoint", "keep"), 2),
         ("model.n_layers=3", ("model", "n_layers"), 3),
         ("model.d_model=96", ("model", "d_model"), 96),
-        ("model.n_heads=3", ("model", "n_heads"), 3),
+        ("model.n_heads=8", ("model", "n_heads"), 8),
         ("data.seq_len=64", ("data", "seq_len"), 64),
     ],
 )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from .conftest import run_cli, tiny_recipe_dict
+from runhelpers import run_cli, tiny_recipe_dict
 
 
 def write_recipe(path: Path, recipe: dict) -> Path:
@@ -27,10 +27,9 @@ def flip_byte(path: Path, offset: int = -100) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_corrupt_checkpoint_falls_back_to_previous(tiny_recipe: Path, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def test_corrupt_checkpoint_falls_back_to_previous(tiny_recipe: Path, tiny_run_copy: Path) -> None:
+    run_dir = tiny_run_copy
     args = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json"]
-    assert run_cli(*args).returncode == 0
     flip_byte(run_dir / "checkpoints" / "step-12" / "model.safetensors")
     res = run_cli(*args, "--set", "train.max_steps=16")
     payload = json.loads(res.stdout)
@@ -41,10 +40,11 @@ def test_corrupt_checkpoint_falls_back_to_previous(tiny_recipe: Path, tmp_path: 
     assert res.returncode == (1 if corrupt[0]["severity"] == "error" else 0)
 
 
-def test_checkpoint_with_broken_manifest_is_never_loaded(tiny_recipe: Path, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def test_checkpoint_with_broken_manifest_is_never_loaded(
+    tiny_recipe: Path, tiny_run_copy: Path
+) -> None:
+    run_dir = tiny_run_copy
     args = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json"]
-    assert run_cli(*args).returncode == 0
     manifest12 = run_dir / "checkpoints" / "step-12" / "manifest.json"
     manifest12.write_text(manifest12.read_text()[:40])  # truncated
     manifest8 = run_dir / "checkpoints" / "step-8" / "manifest.json"
@@ -72,11 +72,15 @@ def test_damaged_shard_is_an_error_naming_the_file(small_corpus: Path, tmp_path:
 def test_missing_and_empty_corpus_are_clear_errors(small_corpus: Path, tmp_path: Path) -> None:
     recipe = tiny_recipe_dict(small_corpus, tmp_path / "cache")
     recipe["data"]["source"] = str(tmp_path / "nowhere")
-    res = run_cli("run", str(write_recipe(tmp_path / "a.yaml", recipe)), "--run-dir", str(tmp_path / "a"))
+    res = run_cli(
+        "run", str(write_recipe(tmp_path / "a.yaml", recipe)), "--run-dir", str(tmp_path / "a")
+    )
     assert res.returncode == 2 and "nowhere" in res.stderr
     (tmp_path / "empty").mkdir()
     recipe["data"]["source"] = str(tmp_path / "empty")
-    res = run_cli("run", str(write_recipe(tmp_path / "b.yaml", recipe)), "--run-dir", str(tmp_path / "b"))
+    res = run_cli(
+        "run", str(write_recipe(tmp_path / "b.yaml", recipe)), "--run-dir", str(tmp_path / "b")
+    )
     assert res.returncode == 2 and "empty" in res.stderr
 
 
@@ -94,18 +98,22 @@ def _limit_file_size() -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 
 
-def test_disk_full_during_checkpoint_keeps_previous(tiny_recipe: Path, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    args = [sys.executable, "-m", "trainguard", "run", str(tiny_recipe), "--run-dir", str(run_dir), "-q"]
-    assert subprocess.run([*args, "--set", "train.max_steps=4"], capture_output=True).returncode == 0
+def test_disk_full_during_checkpoint_keeps_previous(tiny_recipe: Path, tiny_run_copy: Path) -> None:
+    run_dir = tiny_run_copy
+    args = [sys.executable, "-m", "trainguard", "run", str(tiny_recipe), "--run-dir", str(run_dir)]
     env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_INJECT"}
-    res = subprocess.run([*args, "--set", "train.max_steps=8"], capture_output=True, text=True,
-                         env=env, preexec_fn=_limit_file_size)
+    res = subprocess.run(
+        [*args, "-q", "--set", "train.max_steps=16"],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=_limit_file_size,
+    )
     assert res.returncode == 2, res.stderr
     assert "checkpoint" in res.stderr.lower()
-    assert not (run_dir / "checkpoints" / "step-8").exists()
-    assert [p.name for p in (run_dir / "checkpoints").iterdir() if not p.name.startswith(".")] == ["step-4"]
-    res = run_cli("run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json",
-                  "--set", "train.max_steps=8")
+    assert not (run_dir / "checkpoints" / "step-16").exists()
+    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert kept == ["step-12", "step-4", "step-8"], kept
+    res = run_cli(*args[3:], "-q", "--json", "--set", "train.max_steps=16")
     payload = json.loads(res.stdout)
-    assert payload["resumed_from"] == 4 and payload["final_step"] == 8
+    assert payload["resumed_from"] == 12 and payload["final_step"] == 16

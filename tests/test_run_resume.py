@@ -1,4 +1,4 @@
-"""SIGKILL a real run at several points, resume it, and compare bitwise with an uninterrupted run."""
+"""SIGKILL a real run at several points, resume, and compare bitwise with an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .conftest import run_cli
+from runhelpers import run_cli
 
 
 def step_rows(run_dir: Path) -> list[dict]:
@@ -35,8 +35,12 @@ def kill_when_steps_reach(args: list[str], n_steps: int, run_dir: Path) -> int:
     """Start a run and SIGKILL it from outside once its log shows `n_steps` step rows."""
     env = {**os.environ, "CI": "1"}
     env.pop("TRAINGUARD_INJECT", None)
-    proc = subprocess.Popen([sys.executable, "-m", "trainguard", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainguard", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 180
     while proc.poll() is None and time.monotonic() < deadline:
@@ -47,7 +51,9 @@ def kill_when_steps_reach(args: list[str], n_steps: int, run_dir: Path) -> int:
     return proc.wait(timeout=60)
 
 
-def test_sigkill_anywhere_then_resume_is_bitwise_identical(tiny_recipe: Path, tmp_path: Path) -> None:
+def test_sigkill_anywhere_then_resume_is_bitwise_identical(
+    tiny_recipe: Path, tmp_path: Path
+) -> None:
     clean, chained = tmp_path / "clean", tmp_path / "chained"
     res = run_cli("run", str(tiny_recipe), "--run-dir", str(clean), "-q")
     assert res.returncode == 0, res.stderr
@@ -71,14 +77,23 @@ def test_sigkill_anywhere_then_resume_is_bitwise_identical(tiny_recipe: Path, tm
     assert [r["step"] for r in b] == list(range(1, 13)), "steps replayed or missing in the log"
     assert [r["batch_hash"] for r in a] == [r["batch_hash"] for r in b]
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    # The recomputed steps read the batches the killed runs had logged: no D110 (data replay).
+    log = [json.loads(x) for x in (chained / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in log if r.get("kind") == "finding" and r["code"] == "D110"]
 
 
-def test_two_fresh_runs_are_bitwise_identical_and_seed_matters(tiny_recipe: Path, tmp_path: Path) -> None:
+def test_two_fresh_runs_are_bitwise_identical_and_seed_matters(
+    tiny_recipe: Path, tmp_path: Path
+) -> None:
     common = ["--set", "train.max_steps=4", "-q"]
     for name in ("a", "b"):
-        assert run_cli("run", str(tiny_recipe), "--run-dir", str(tmp_path / name), *common).returncode == 0
-    res = run_cli("run", str(tiny_recipe), "--run-dir", str(tmp_path / "c"), *common,
-                  "--set", "train.seed=7")
+        assert (
+            run_cli("run", str(tiny_recipe), "--run-dir", str(tmp_path / name), *common).returncode
+            == 0
+        )
+    res = run_cli(
+        "run", str(tiny_recipe), "--run-dir", str(tmp_path / "c"), *common, "--set", "train.seed=7"
+    )
     assert res.returncode == 0, res.stderr
     a, b, c = (final_weights(tmp_path / n, 4) for n in "abc")
     assert_bitwise_equal(a, b)
@@ -86,7 +101,9 @@ def test_two_fresh_runs_are_bitwise_identical_and_seed_matters(tiny_recipe: Path
     assert step_rows(tmp_path / "a")[0]["batch_hash"] != step_rows(tmp_path / "c")[0]["batch_hash"]
 
 
-def test_resume_extends_max_steps_but_refuses_other_changes(tiny_recipe: Path, tmp_path: Path) -> None:
+def test_resume_extends_max_steps_but_refuses_other_changes(
+    tiny_recipe: Path, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     base = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json"]
     assert run_cli(*base, "--set", "train.max_steps=4").returncode == 0

@@ -12,7 +12,6 @@ machine does not download it again.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -31,7 +30,6 @@ from trainguard.checkpoint.local import (
 from trainguard.checkpoint.manifest import (
     MANIFEST,
     check_files,
-    manifest_bytes,
     parse_manifest,
     parse_step_dirname,
     step_dirname,
@@ -48,30 +46,8 @@ from trainguard.errors import BadInputError
 from trainguard.findings import Finding
 from trainguard.util.hashing import CHUNK
 
-# Extras to name when a URL needs a backend that is not installed.
-_EXTRAS = {"s3": "trainguard[s3]", "s3a": "trainguard[s3]"}
-
-
-def open_filesystem(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
-    """(fsspec filesystem, path inside it) for `url`; BadInputError naming a missing backend."""
-    import fsspec
-
-    protocol = url.split("://", 1)[0]
-    try:
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    except ImportError as e:
-        extra = _EXTRAS.get(protocol)
-        how = f"pip install {extra}" if extra else f"install the fsspec backend for {protocol}://"
-        raise BadInputError(
-            f"checkpoint root {url} needs a storage backend that is not installed: {e}",
-            f"{how} (see fsspec's list of implementations)",
-        ) from e
-    except ValueError as e:  # unknown protocol
-        raise BadInputError(
-            f"checkpoint root {url}: {e}",
-            "use a local path, file://..., or an fsspec URL such as s3://bucket/prefix",
-        ) from e
-    return fs, path.rstrip("/")
+# Objects up to this size are read in one GET (manifests, loader state, small shards).
+SMALL_OBJECT = 8 << 20
 
 
 class RemoteBackend:
@@ -95,6 +71,8 @@ class RemoteBackend:
         self.cache_dir, self.policy, self.bucket = cache_dir, policy, bucket
         self.rank, self.on_phase, self.sleep = rank, on_phase, sleep
         self.stats = RetryStats()
+        self._known: dict[int, dict[str, int]] | None = None  # the last listing
+        self._manifests: dict[tuple[int, int], bytes | None] = {}
         try:
             cache_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -136,10 +114,28 @@ class RemoteBackend:
             step = parse_step_dirname(head)
             if step is not None and rest:
                 out.setdefault(step, {})[rest] = int(info.get("size") or 0)
+        self._known = out
         return out
 
     def step_folders(self) -> dict[int, bool]:
         return {s: MANIFEST in files for s, files in self._listing().items()}
+
+    def quick_status(self) -> dict[int, tuple[bool, bool]]:
+        """{step: (committed, structurally valid)} from one listing plus each manifest."""
+        out = {}
+        for step, sizes in self._listing().items():
+            if MANIFEST not in sizes:
+                out[step] = (False, False)
+                continue
+            # Committed manifests are immutable; re-read one only if its size changed (an
+            # edit). Loading always re-reads and verifies: this cache serves retention only.
+            key = (step, sizes[MANIFEST])
+            if key not in self._manifests:
+                self._manifests[key] = self._read_manifest(step)
+            manifest, _ = parse_manifest(self._manifests[key], step, self.location(step))
+            ok = manifest is not None and not check_files(manifest, sizes.get, None, "")
+            out[step] = (True, ok)
+        return out
 
     def _read_manifest(self, step: int) -> bytes | None:
         def cat() -> bytes | None:
@@ -159,49 +155,96 @@ class RemoteBackend:
         if self.rank > 0 and self.policy.stagger_s > 0:
             self.sleep(self.rank * self.policy.stagger_s)
 
-    def _remote_checksum(self, rpath: str) -> str:
-        h = xxhash.xxh3_128()
-        with self.fs.open(rpath, "rb") as f:
-            while chunk := f.read(CHUNK):
-                self._throttle(len(chunk))
-                h.update(chunk)
-        return h.hexdigest()
+    def _read_object(self, rpath: str, size_hint: int, sink: Any = None) -> tuple[int, str]:
+        """(size, xxh3 checksum) of an object, streamed into `sink` (a binary file) if given.
+
+        Small objects take one GET; large ones are streamed in 1 MiB reads.
+        """
+        h, n = xxhash.xxh3_128(), 0
+
+        def take(chunk: bytes) -> None:
+            nonlocal n
+            self._throttle(len(chunk))
+            h.update(chunk)
+            n += len(chunk)
+            if sink is not None:
+                sink.write(chunk)
+
+        if size_hint <= SMALL_OBJECT:
+            take(self.fs.cat_file(rpath))
+        else:
+            with self.fs.open(rpath, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    take(chunk)
+        return n, h.hexdigest()
+
+    def _mismatch(self, rpath: str, entry: dict[str, Any]) -> str | None:
+        """Why the object at `rpath` differs from `entry`, or None if it matches."""
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(rpath)
+        if self.policy.verify_checksums:
+            size, actual = self._read_object(rpath, entry["size"])
+        else:
+            size, actual = int(self.fs.info(rpath)["size"]), entry["checksum"]
+        if size != entry["size"]:
+            return f"{rpath}: uploaded {size} bytes, expected {entry['size']}"
+        if actual != entry["checksum"]:
+            return f"{rpath}: read-back checksum {actual}, expected {entry['checksum']}"
+        return None
 
     def _upload(self, local: Path, rpath: str, entry: dict[str, Any]) -> None:
-        def once() -> None:
+        """Upload, then verify before anything relies on the object (the manifest, pruning).
+
+        Each request is retried on its own; a verified mismatch re-uploads the whole object.
+        """
+
+        def put() -> None:
             with open(local, "rb") as src, self.fs.open(rpath, "wb") as dst:
                 while chunk := src.read(CHUNK):
                     self._throttle(len(chunk))
                     dst.write(chunk)
-            # Verify before anything relies on this object (the manifest, or pruning).
-            with contextlib.suppress(Exception):
-                self.fs.invalidate_cache(rpath)
-            size = int(self.fs.info(rpath)["size"])
-            if size != entry["size"]:
-                raise VerifyMismatch(f"{rpath}: uploaded {size} bytes, expected {entry['size']}")
-            if self.policy.verify_checksums:
-                actual = self._remote_checksum(rpath)
-                if actual != entry["checksum"]:
-                    raise VerifyMismatch(
-                        f"{rpath}: read-back checksum {actual}, expected {entry['checksum']}"
-                    )
 
-        self._retry(once, f"upload {rpath}")
+        for attempt in range(self.policy.attempts):
+            self._retry(put, f"upload {rpath}")
+            why = self._retry(lambda: self._mismatch(rpath, entry), f"verify {rpath}")
+            if why is None:
+                return
+            if attempt == self.policy.attempts - 1:
+                raise VerifyMismatch(f"{why} (after {self.policy.attempts} uploads)")
+            self.stats.record(f"verify {rpath}", VerifyMismatch(why))
+            self.sleep(self.policy.backoff(attempt))
 
-    def _remove_remote(self, step: int) -> None:
-        # The manifest goes first, so a half-deleted step is never seen as committed.
+    def _remove_remote(self, step: int, names: list[str] | None = None) -> None:
+        """Delete a step; the manifest goes first, so a half-deleted step is never committed."""
+        if names is None:
+            names = list(self._listing().get(step, {}))
+
         def rm() -> None:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(self._rpath(step, MANIFEST))
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(self._rpath(step), recursive=True)
+            rest = [self._rpath(step, n) for n in names if n != MANIFEST]
+            if rest:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(rest)
 
         self._retry(rm, f"delete {self.location(step)}")
+
+    def abort(self, step: int) -> None:
+        """Best effort, one try: remove what a failed save uploaded (retention catches the rest)."""
+        with contextlib.suppress(Exception):
+            self._remove_remote(step, list(self._listing().get(step, {})))
+        self._known = None
+
+    def new_stage(self, step: int) -> Path:
+        """A local folder in the cache to stage the payload in before upload."""
+        clean_stale_temps(self.cache_dir)
+        return new_temp_dir(self.cache_dir, step)
 
     def commit(self, step: int, stage: Path, manifest: dict[str, Any]) -> tuple[str, list[Finding]]:
         self.stats = RetryStats()
         self._stagger()
-        if step in self._listing():
+        known = self._known if self._known is not None else self._listing()
+        if step in known:
             self._remove_remote(step)  # a step saved again after a rollback
         for name, entry in sorted(manifest["files"].items()):
             self._upload(stage / name, self._rpath(step, name), entry)
@@ -209,6 +252,7 @@ class RemoteBackend:
         if self.on_phase is not None:
             self.on_phase("checkpoint_rename", step)
         mbytes = (stage / MANIFEST).read_bytes()
+        self._manifests[(step, len(mbytes))] = mbytes  # retention need not read it back
         self._upload(
             stage / MANIFEST,
             self._rpath(step, MANIFEST),
@@ -221,33 +265,7 @@ class RemoteBackend:
             self._prune_cache(keep=step)
         except OSError:
             shutil.rmtree(stage, ignore_errors=True)
-        return self.location(step), self.retry_findings(step, "save")
-
-    def retry_findings(self, step: int, what: str) -> list[Finding]:
-        out = []
-        mismatches = [e for e in self.stats.errors if "VerifyMismatch" in e]
-        if mismatches:
-            out.append(
-                Finding.of(
-                    "C202",
-                    f"{what} of step {step}: {len(mismatches)} uploaded object(s) did not match "
-                    "and were uploaded again",
-                    step=step,
-                    where=self.location(step),
-                    data={"errors": mismatches},
-                )
-            )
-        if self.stats.retries:
-            out.append(
-                Finding.of(
-                    "C203",
-                    f"{what} of step {step} needed {self.stats.retries} retries",
-                    step=step,
-                    where=self.location(step),
-                    data={"retries": self.stats.retries, "errors": self.stats.errors},
-                )
-            )
-        return out
+        return self.location(step), self.stats.findings(step, "save", self.location(step))
 
     def _prune_cache(self, keep: int) -> None:
         for entry in self.cache_dir.iterdir():
@@ -263,13 +281,10 @@ class RemoteBackend:
         sizes = self._listing().get(step, {})
 
         def checksum_of(name: str) -> str:
-            return self._retry(
-                lambda: self._remote_checksum(self._rpath(step, name)), f"read {name}"
-            )
+            rpath, hint = self._rpath(step, name), sizes[name]
+            return self._retry(lambda: self._read_object(rpath, hint)[1], f"read {rpath}")
 
-        return check_files(
-            manifest, sizes.get, checksum_of if full else None, self.location(step)
-        )
+        return check_files(manifest, sizes.get, checksum_of if full else None, self.location(step))
 
     def fetch(self, step: int) -> tuple[Path, list[Finding], bool]:
         """(local verified folder, findings, from_cache); findings with errors mean corrupt."""
@@ -307,11 +322,11 @@ class RemoteBackend:
             shutil.rmtree(stage, ignore_errors=True)
             raise
         self._prune_cache(keep=step)
-        return cached, notes + self.retry_findings(step, "load"), False
+        return cached, notes + self.stats.findings(step, "load", self.location(step)), False
 
     def _download(self, step: int, manifest: dict[str, Any], stage: Path) -> list[Finding]:
         """Download and checksum in one pass; findings for missing, short or corrupt objects."""
-        sizes = self._listing().get(step, {})
+        sizes = self._listing().get(step, {})  # fresh: the step may have changed since
         got: dict[str, str] = {}
         for name, entry in sorted(manifest["files"].items()):
             if sizes.get(name) != entry["size"]:
@@ -319,28 +334,15 @@ class RemoteBackend:
             dest = stage / name
             dest.parent.mkdir(parents=True, exist_ok=True)
 
-            def once(name: str = name, dest: Path = dest) -> str:
-                h = xxhash.xxh3_128()
-                with self.fs.open(self._rpath(step, name), "rb") as src, open(dest, "wb") as dst:
-                    while chunk := src.read(CHUNK):
-                        self._throttle(len(chunk))
-                        h.update(chunk)
-                        dst.write(chunk)
-                return h.hexdigest()
+            def once(name: str = name, dest: Path = dest, hint: int = entry["size"]) -> str:
+                with open(dest, "wb") as dst:
+                    return self._read_object(self._rpath(step, name), hint, dst)[1]
 
             got[name] = self._retry(once, f"download {name}")
         return check_files(manifest, sizes.get, got.__getitem__, self.location(step))
 
     def delete(self, step: int) -> list[Finding]:
-        self._remove_remote(step)
+        self._remove_remote(step, list((self._known or {}).get(step, {})) or None)
+        if self._known is not None:
+            self._known.pop(step, None)
         return []
-
-
-def default_cache_dir(url: str) -> Path:
-    from trainguard.util.hashing import stable_u64
-
-    base = os.environ.get("TRAINGUARD_CACHE") or os.path.join("~", ".cache", "trainguard")
-    return Path(base).expanduser() / "checkpoints" / f"{stable_u64(url):016x}"
-
-
-__all__ = ["RemoteBackend", "default_cache_dir", "manifest_bytes", "open_filesystem"]

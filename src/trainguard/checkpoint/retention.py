@@ -28,9 +28,5 @@ def plan_retention(
         return []  # nothing proven good: deleting anything could lose the last copy
     kept = set(valid[:keep]) | set(protect)
     newest_valid = valid[0]
-    doomed = [
-        s
-        for s, ok in status.items()
-        if s not in kept and (ok or s < newest_valid)
-    ]
+    doomed = [s for s, ok in status.items() if s not in kept and (ok or s < newest_valid)]
     return sorted(doomed)

@@ -1,4 +1,4 @@
-"""Be gentle with shared storage: retries with backoff and jitter, a byte-rate limit, rank staggering.
+"""Be gentle with shared storage: backoff with jitter, a byte-rate limit, rank staggering.
 
 Many ranks hitting an object store or NFS server at the same instant is how a healthy store
 gets throttled (503 SlowDown) into failing whole runs. Three standard remedies, all here:
@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+from trainguard.findings import Finding
 
 T = TypeVar("T")
 
@@ -100,14 +102,43 @@ class RetryStats:
 
     def __init__(self) -> None:
         self.retries = 0
+        self.mismatches = 0
         self.errors: list[str] = []
         self._lock = threading.Lock()
 
     def record(self, what: str, exc: BaseException) -> None:
         with self._lock:
             self.retries += 1
+            if isinstance(exc, VerifyMismatch):
+                self.mismatches += 1
             if len(self.errors) < 10:
                 self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
+
+    def findings(self, step: int, what: str, where: str) -> list[Finding]:
+        """C202 for re-uploads after a verification mismatch, C203 for any retries."""
+        out = []
+        if self.mismatches:
+            out.append(
+                Finding.of(
+                    "C202",
+                    f"{what} of step {step}: {self.mismatches} uploaded object(s) did not match "
+                    "and were uploaded again",
+                    step=step,
+                    where=where,
+                    data={"errors": [e for e in self.errors if "VerifyMismatch" in e]},
+                )
+            )
+        if self.retries:
+            out.append(
+                Finding.of(
+                    "C203",
+                    f"{what} of step {step} needed {self.retries} retries",
+                    step=step,
+                    where=where,
+                    data={"retries": self.retries, "errors": self.errors},
+                )
+            )
+        return out
 
 
 def retry_call(

@@ -98,6 +98,7 @@ class ModelRunner:
         self._capture: list[torch.Tensor] | None = None
         self._current_input: torch.Tensor | None = None
         self.embedding_found: bool | None = None
+        self.moe_drops: dict[str, dict] = {}
 
     # --- inputs -----------------------------------------------------------------------------
     def tokens(self, *shape: int) -> torch.Tensor:

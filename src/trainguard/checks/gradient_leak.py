@@ -15,9 +15,7 @@ from trainguard.checks._model_runner import ModelRunner, position_ranges
 from trainguard.findings import Finding
 
 
-def _target_groups(
-    cuts: list[int], batch: int, batch_independent: bool
-) -> list[list[int | None]]:
+def _target_groups(cuts: list[int], batch: int, batch_independent: bool) -> list[list[int | None]]:
     """Per backward pass, the cut of each row: one cut per row when rows are independent."""
     if batch_independent:
         groups = []
@@ -51,9 +49,7 @@ def _feeding(
             else:
                 mask[row, :c] = 1.0
         loss = (logits * proj * mask.unsqueeze(-1)).sum()
-        (g,) = torch.autograd.grad(
-            loss, emb, retain_graph=k < len(groups) - 1, allow_unused=True
-        )
+        (g,) = torch.autograd.grad(loss, emb, retain_graph=k < len(groups) - 1, allow_unused=True)
         stats.backwards += 1
         if g is None:  # the logits do not depend on the embedding at all
             continue

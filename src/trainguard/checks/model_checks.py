@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from trainguard.checks._model_runner import (
@@ -65,7 +64,9 @@ def _validate(model: Any, vocab_size: int, seq_len: int, batch_size: int) -> Non
             "make the factory return an nn.Module mapping LongTensor [B, T] to logits",
         )
     if vocab_size < 2:
-        raise ModelCheckInputError(f"vocab size {vocab_size} is too small", "give --vocab-size >= 2")
+        raise ModelCheckInputError(
+            f"vocab size {vocab_size} is too small", "give --vocab-size >= 2"
+        )
     if seq_len < 2:
         raise ModelCheckInputError(
             f"sequence length {seq_len} leaves no later position to test", "give --seq-len >= 2"
@@ -123,7 +124,7 @@ def _check_mode(runner: ModelRunner, mode: str, n_cuts: int) -> list[Finding]:
     drops, per_layer = check_moe_drops(runner, mode)
     findings += drops
     if per_layer:
-        runner.moe_drops = {**getattr(runner, "moe_drops", {}), mode: per_layer}
+        runner.moe_drops[mode] = per_layer
     return findings
 
 
@@ -139,12 +140,13 @@ def run_model_checks(
     lr: float = 3e-3,
     min_lr: float | None = None,
     master_weights: str = "fp32",
+    shadow_steps: int = 0,
 ) -> CheckReport:
     """Run every model check on `model` (LongTensor [B, T] -> logits [B, T, V]).
 
     `dtype` ("fp32", "bf16", "fp16") adds the model-level precision audit
     (`precision_audit.audit_model_precision`) at learning rates `lr` and `min_lr`, with the
-    weights kept in `master_weights`. Raises `ModelCheckInputError` (exit 2) when the model
+    weights kept in `master_weights`, plus a shadow run of `shadow_steps` steps if > 0. Raises `ModelCheckInputError` (exit 2) when the model
     cannot be run as described.
     """
     _validate(model, vocab_size, seq_len, batch_size)
@@ -158,21 +160,25 @@ def run_model_checks(
             findings += _check_mode(runner, mode, n_cuts)
     finally:
         state.restore()
-    if getattr(runner, "moe_drops", None):
+    if runner.moe_drops:
         details["moe_drops"] = runner.moe_drops
     if dtype is not None:
         from trainguard.checks.precision_audit import audit_model_precision
 
         with runner.timed("precision_audit") as stats:
             audit = audit_model_precision(
-                model, vocab_size, seq_len, dtype, lr=lr, min_lr=min_lr,
-                batch_size=batch_size, seed=seed, master_weights=master_weights,
+                model,
+                vocab_size,
+                seq_len,
+                dtype,
+                lr=lr,
+                min_lr=min_lr,
+                batch_size=batch_size,
+                seed=seed,
+                master_weights=master_weights,
             )
             stats.forwards += audit.forwards
             stats.backwards += audit.backwards
         findings += audit.findings
         details["precision"] = audit.details
     return CheckReport(findings, runner.stats, time.perf_counter() - t0, details)
-
-
-__all__ = ["CheckReport", "run_model_checks", "torch"]

@@ -62,6 +62,8 @@ def register(*codes: Code) -> None:
 def _load_all() -> None:
     # Every module in this package registers codes on import; one module per layer or topic.
     for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):  # __main__ renders the docs; it registers nothing
+            continue
         importlib.import_module(f"{__name__}.{info.name}")
 
 

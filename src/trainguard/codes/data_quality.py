@@ -7,7 +7,10 @@ appendix A.1.1, table A1) unless stated otherwise.
 
 from trainguard.codes import Code, register
 
-_GOPHER = "Rae et al. 2021, Scaling Language Models: Methods, Analysis & Insights from Training Gopher, appendix A.1.1 (arXiv:2112.11446)"
+_GOPHER = (
+    "Rae et al. 2021, Scaling Language Models: Methods, Analysis & Insights from Training "
+    "Gopher, appendix A.1.1 (arXiv:2112.11446)"
+)
 _CODE_FP = (
     "Source code, tables, lists and poetry are not prose: these web-text heuristics reject "
     "much of them. Disable the rule (`--disable CODE`) for such corpora."

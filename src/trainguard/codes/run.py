@@ -96,7 +96,8 @@ register(
         title="Throughput drop",
         severity="warning",
         catches="Tokens per second stay more than `throughput_drop` below their rolling median "
-        "for `throughput_patience` consecutive steps.",
+        "(and more than `throughput_z` robust standard deviations below it) for "
+        "`throughput_patience` consecutive steps.",
         why="A slow node, thermal throttling, a filling disk or a data loader that starves the "
         "GPUs wastes the whole job's compute; it often precedes a hang.",
         fix="Look for a straggler (per-rank step times), data-loader stalls (phase timings), "
@@ -125,9 +126,10 @@ register(
     ),
     Code(
         code="R203",
-        title="Run halted: rollback limit exceeded",
+        title="Run halted by the guard",
         severity="error",
-        catches="The guard asked for more than `max_rollbacks` rollbacks in one run.",
+        catches="The guard needed more than `max_rollbacks` rollbacks in one run, or a finding "
+        "whose configured action is `halt` occurred.",
         why="A run that keeps failing from the same checkpoint will not recover by itself; "
         "stopping with a report saves the compute.",
         fix="Read the findings before the halt; lower the learning rate, check the data around "

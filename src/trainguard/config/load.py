@@ -105,7 +105,9 @@ def _format_validation_error(e: ValidationError, origin: str) -> ConfigError:
                 model = _section_model(model, str(p)) if model else None
             allowed = ", ".join(_field_names(model)) if model else "?"
             problems.append(f"unknown key {key!r}")
-            fixes.append(f"allowed keys under {'.'.join(map(str, parent)) or 'the recipe'}: {allowed}")
+            fixes.append(
+                f"allowed keys under {'.'.join(map(str, parent)) or 'the recipe'}: {allowed}"
+            )
         elif err["type"] == "literal_error":
             problems.append(f"{key}: got {err.get('input')!r}")
             fixes.append(f"{key} must be one of {err['ctx']['expected']}")

@@ -27,7 +27,8 @@ class DataConfig(_Section):
     seq_len: int = Field(128, ge=8, le=8192)
     """Tokens per training sample (the model's context length)."""
     cache_dir: str | None = None
-    """Where prepared shards are cached. Default: `$TRAINGUARD_CACHE`, else `~/.cache/trainguard`."""
+    """Where prepared shards are cached.
+    Default: `$TRAINGUARD_CACHE`, else `~/.cache/trainguard`."""
     shard_tokens: int = Field(4_000_000, ge=1024)
     """Tokens per shard file."""
 

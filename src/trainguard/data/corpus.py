@@ -59,18 +59,21 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def _is_test_path(rel: Path) -> bool:
-    return any(part in _TEST_DIRS or part.endswith("_test") for part in rel.parts[:-1])
+def _skipped_dir(name: str) -> bool:
+    return name in _TEST_DIRS or name.endswith("_test")
 
 
 def stdlib_files() -> list[tuple[str, Path]]:
     """(relative id, path) of the stdlib's `.py` files without test folders, sorted by id."""
     root = stdlib_root()
     out = []
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root)
-        if not _is_test_path(rel) and path.is_file():
-            out.append((rel.as_posix(), path))
+    for dirpath, dirnames, filenames in os.walk(root):
+        # Pruned while walking: site-packages can be far larger than the stdlib itself.
+        dirnames[:] = [d for d in dirnames if not _skipped_dir(d)]
+        for name in filenames:
+            path = Path(dirpath) / name
+            if name.endswith(".py") and path.is_file():
+                out.append((path.relative_to(root).as_posix(), path))
     return sorted(out)
 
 
@@ -117,7 +120,14 @@ def _decode(raw: bytes, stats: CorpusStats) -> str | None:
 
 def _files_docs(files: list[tuple[str, Path]], stats: CorpusStats) -> Iterator[Document]:
     for doc_id, path in files:
-        text = _decode(path.read_bytes(), stats)
+        try:
+            raw = path.read_bytes()
+        except OSError as e:
+            raise DataError(
+                f"cannot read corpus file {path}: {e.strerror or e}",
+                "fix the file's permissions or remove it from the source folder",
+            ) from e
+        text = _decode(raw, stats)
         if text is not None:
             yield Document(doc_id, text, doc_id)
 

@@ -26,8 +26,12 @@ def detect_format(path: str | Path, must_exist: bool = True) -> str:
     """`jsonl` or `parquet` from the file name (a folder: from its part files)."""
     path = Path(path)
     if must_exist and not path.exists():
-        raise DataError(f"input {path} does not exist", "give the path of a .jsonl or .parquet file")
+        raise DataError(
+            f"input {path} does not exist", "give the path of a .jsonl or .parquet file"
+        )
     if path.is_dir():
+        if path.suffix.lower() in FORMATS:  # a Spark output folder named like a file
+            return FORMATS[path.suffix.lower()]
         kinds = {FORMATS.get(p.suffix) for p in _part_files(path)} - {None}
         if len(kinds) == 1:
             return kinds.pop()  # type: ignore[return-value]
@@ -43,17 +47,17 @@ def _part_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(("_", ".")))
 
 
-def parse_jsonl_line(line: bytes | str, lineno: int, path: str, text_field: str) -> dict[str, Any]:
-    """One JSONL record, with errors that name the file, line and field."""
+def parse_jsonl_line(line: bytes | str, where: str, text_field: str) -> dict[str, Any]:
+    """One JSONL record; errors name `where` (file and line) and the field."""
     try:
         rec = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})", "fix or drop that line") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{where}: not valid UTF-8 JSON ({e})", "fix or drop that line") from None
     if not isinstance(rec, dict):
-        raise DataError(f"{path}:{lineno}: a JSONL record must be an object", "fix that line")
+        raise DataError(f"{where}: a JSONL record must be an object", "fix that line")
     if not isinstance(rec.get(text_field), str):
         raise DataError(
-            f"{path}:{lineno}: no string field {text_field!r}",
+            f"{where}: no string field {text_field!r}",
             f"give every record a {text_field!r} string, or pass --text-field with the right name",
         )
     return rec
@@ -76,7 +80,7 @@ def iter_batches(
     ids: list[Any] = []
     if fmt == "jsonl":
         for lineno, line in _jsonl_lines(path):
-            rec = parse_jsonl_line(line, lineno, str(path), text_field)
+            rec = parse_jsonl_line(line, f"{path}:{lineno}", text_field)
             texts.append(rec[text_field])
             ids.append(rec.get(id_field))
             if len(texts) == size:
@@ -98,8 +102,10 @@ def iter_batches(
     for batch in pf.iter_batches(batch_size=size, columns=cols):
         t = batch.column(0).to_pylist()
         if any(not isinstance(x, str) for x in t):
-            raise DataError(f"{path}: column {text_field!r} has a null or non-string value",
-                            "drop or fill the rows without text")
+            raise DataError(
+                f"{path}: column {text_field!r} has a null or non-string value",
+                "drop or fill the rows without text",
+            )
         yield t, (batch.column(1).to_pylist() if len(cols) == 2 else [None] * len(t))
 
 
@@ -144,6 +150,12 @@ def write_kept(in_path: str | Path, out_path: str | Path, fmt: str, keep: np.nda
 
 
 def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    if "://" in str(path):  # an object store URL (s3://, gs://): no rename there
+        import fsspec
+
+        with fsspec.open(str(path), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        return
     with _atomic_path(Path(path)) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -168,7 +180,11 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
 def check_output(out_path: str | Path, fmt: str, in_path: str | Path) -> None:
     """OUT must not be IN and must not name the other format."""
     out_path = Path(out_path)
-    if out_path.exists() and Path(in_path).exists() and out_path.resolve() == Path(in_path).resolve():
+    if (
+        out_path.exists()
+        and Path(in_path).exists()
+        and out_path.resolve() == Path(in_path).resolve()
+    ):
         raise BadInputError(f"--out {out_path} is the input file", "write to a different path")
     other = FORMATS.get(out_path.suffix.lower())
     if other is not None and other != fmt:

@@ -92,6 +92,4 @@ def dedup_file(
     io.write_kept(in_path, out_path, fmt, keep)
     io.write_jsonl(clusters_path, [r.to_dict() for r in rows])
     seconds = time.perf_counter() - t0
-    return DedupReport.build(
-        "local", params, n, rows, stats, seconds, out_path, clusters_path, fmt
-    )
+    return DedupReport.build("local", params, n, rows, stats, seconds, out_path, clusters_path, fmt)

@@ -77,9 +77,7 @@ def band_keys(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
     return key
 
 
-def bucket_edges(
-    members: np.ndarray, sigs: np.ndarray, min_equal: int
-) -> list[tuple[int, int]]:
+def bucket_edges(members: np.ndarray, sigs: np.ndarray, min_equal: int) -> list[tuple[int, int]]:
     """Verified edges (later, earlier) of one bucket; `members` ascending, `sigs` row-aligned.
 
     Each member after the first is linked to the earliest earlier member whose signature agrees in

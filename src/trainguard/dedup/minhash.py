@@ -34,7 +34,9 @@ def shingle_hashes(normalised: str, ngram: int = NGRAM) -> list[int]:
     h = xxhash.xxh3_64_intdigest
     if len(words) <= ngram:
         return [h(normalised.encode("utf-8"))]
-    return [h(" ".join(words[i : i + ngram]).encode("utf-8")) for i in range(len(words) - ngram + 1)]
+    return [
+        h(" ".join(words[i : i + ngram]).encode("utf-8")) for i in range(len(words) - ngram + 1)
+    ]
 
 
 class MinHasher:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import trainguard.codes.dedup  # noqa: F401  (registers D201-D205)
 from trainguard.dedup.lsh import DedupParams
 from trainguard.dedup.plan import ClusterRow, DedupCounts, count
 from trainguard.errors import BadInputError
@@ -62,8 +63,9 @@ def default_clusters_path(out_path: Path) -> Path:
     return out_path.with_name(f"{name}.clusters.jsonl")
 
 
-def dedup_findings(counts: DedupCounts, rows: list[ClusterRow], stats: TextStats,
-                   params: DedupParams) -> list[Finding]:
+def dedup_findings(
+    counts: DedupCounts, rows: list[ClusterRow], stats: TextStats, params: DedupParams
+) -> list[Finding]:
     """D201 summary, D202 high duplicate share, D203 short documents, D204 giant cluster,
     D205 empty documents."""
     n = counts.input
@@ -77,36 +79,44 @@ def dedup_findings(counts: DedupCounts, rows: list[ClusterRow], stats: TextStats
         )
     ]
     if n and removed / n > HIGH_DUPLICATE_SHARE:
-        findings.append(Finding.of(
-            "D202",
-            f"{removed / n:.0%} of the documents are duplicates (more than "
-            f"{HIGH_DUPLICATE_SHARE:.0%})",
-            data={"share": removed / n, "removed": removed, "input": n},
-        ))
+        findings.append(
+            Finding.of(
+                "D202",
+                f"{removed / n:.0%} of the documents are duplicates (more than "
+                f"{HIGH_DUPLICATE_SHARE:.0%})",
+                data={"share": removed / n, "removed": removed, "input": n},
+            )
+        )
     if n and stats.short / n > SHORT_SHARE:
-        findings.append(Finding.of(
-            "D203",
-            f"{stats.short} of {n} documents have fewer than {params.ngram} words, so each is a "
-            "single shingle and only near-exact copies of them can be matched",
-            data={"short": stats.short, "input": n, "ngram": params.ngram},
-        ))
+        findings.append(
+            Finding.of(
+                "D203",
+                f"{stats.short} of {n} documents have fewer than {params.ngram} words, so each "
+                "is a single shingle and only near-exact copies of them can be matched",
+                data={"short": stats.short, "input": n, "ngram": params.ngram},
+            )
+        )
     sizes = Counter(r.kept for r in rows)
     if sizes:
         kept, size = min(sizes.items(), key=lambda kv: (-kv[1], kv[0]))
         size += 1  # the kept document itself
         if size >= 10 and size > BIG_CLUSTER_SHARE * n:
-            findings.append(Finding.of(
-                "D204",
-                f"one cluster holds {size} documents ({size / n:.1%} of the input), kept "
-                f"document #{kept}",
-                data={"kept": kept, "size": size, "input": n},
-            ))
+            findings.append(
+                Finding.of(
+                    "D204",
+                    f"one cluster holds {size} documents ({size / n:.1%} of the input), kept "
+                    f"document #{kept}",
+                    data={"kept": kept, "size": size, "input": n},
+                )
+            )
     if stats.empty:
-        findings.append(Finding.of(
-            "D205",
-            f"{stats.empty} documents are empty after whitespace is collapsed",
-            data={"empty": stats.empty},
-        ))
+        findings.append(
+            Finding.of(
+                "D205",
+                f"{stats.empty} documents are empty after whitespace is collapsed",
+                data={"empty": stats.empty},
+            )
+        )
     return findings
 
 
@@ -123,12 +133,30 @@ class DedupReport:
     findings: list[Finding] = field(default_factory=list)
 
     @classmethod
-    def build(cls, engine: str, params: DedupParams, n: int, rows: list[ClusterRow],
-              stats: TextStats, seconds: float, out_path: Any, clusters_path: Any,
-              fmt: str) -> DedupReport:
+    def build(
+        cls,
+        engine: str,
+        params: DedupParams,
+        n: int,
+        rows: list[ClusterRow],
+        stats: TextStats,
+        seconds: float,
+        out_path: Any,
+        clusters_path: Any,
+        fmt: str,
+    ) -> DedupReport:
         counts = count(n, rows)
-        return cls(engine, params, counts, rows, seconds, str(out_path), str(clusters_path), fmt,
-                   dedup_findings(counts, rows, stats, params))
+        return cls(
+            engine,
+            params,
+            counts,
+            rows,
+            seconds,
+            str(out_path),
+            str(clusters_path),
+            fmt,
+            dedup_findings(counts, rows, stats, params),
+        )
 
     def summary(self) -> dict[str, Any]:
         """The command-specific fields of `--json`."""

@@ -5,8 +5,8 @@ A plan comes from the environment variable `TRAINGUARD_INJECT`, a comma-separate
 at phase boundaries; with no plan this is a dictionary miss, nothing more.
 
 Faults:
-- `kill@N:PHASE`  SIGKILL this process when step N (1-based, as logged) reaches PHASE (data, forward, backward,
-  optimizer, checkpoint_write, checkpoint_rename).
+- `kill@N:PHASE`  SIGKILL this process when step N (1-based, as logged) reaches PHASE
+  (data, forward, backward, optimizer; or checkpoint / checkpoint_write for checkpoint N).
 - `nan@N`         the loss of step N becomes NaN (a poisoned batch).
 - `spike@N`       the loss of step N is multiplied by 50 (an outlier batch).
 - `hang@N`        step N sleeps forever in the forward pass (for the hang watchdog).
@@ -72,9 +72,11 @@ class FaultPlan:
 
     @property
     def active(self) -> bool:
-        return bool(
-            self.kills or self.nan_steps or self.spike_steps or self.hang_steps
-        ) or bool(self.bitflip_steps) or self.slow_from is not None
+        return (
+            bool(self.kills or self.nan_steps or self.spike_steps or self.hang_steps)
+            or bool(self.bitflip_steps)
+            or self.slow_from is not None
+        )
 
     def at(self, phase: str, step: int) -> None:
         """Called by the loop when `step` enters `phase`."""

@@ -82,9 +82,7 @@ class Doc:
     @cached_property
     def paragraph_spans(self) -> list[tuple[int, int]]:
         """Blocks separated by one or more blank lines."""
-        return [
-            m.span() for m in re.finditer(r"\S(?:.|\n(?![ \t]*\n))*", self.text) if m.group()
-        ]
+        return [m.span() for m in re.finditer(r"\S(?:.|\n(?![ \t]*\n))*", self.text) if m.group()]
 
 
 def merge_spans(spans: list[tuple[int, int]], gap: int = 1) -> list[tuple[int, int]]:

@@ -9,7 +9,6 @@ lone surrogates (rule D230 points at them) and are written back byte for byte.
 from __future__ import annotations
 
 import json
-import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +61,11 @@ def iter_records(source: str | Path, text_field: str = "text") -> Iterator[Recor
     elif fmt == "folder":
         yield from _iter_folder(Path(source))
     else:
-        yield from _iter_folder(Path(sysconfig.get_paths()["stdlib"]), suffixes={".py"})
+        # The embedded corpus exactly as `trainguard run` reads it (test folders excluded).
+        from trainguard.data.corpus import iter_documents
+
+        for doc in iter_documents("stdlib"):
+            yield Record(doc.id, doc.text, {"id": doc.id, "text": doc.text, "source": doc.source})
 
 
 def _text_of(fields: dict[str, Any], text_field: str, where: str) -> str:
@@ -112,12 +115,10 @@ def _iter_parquet(path: Path, text_field: str) -> Iterator[Record]:
             row += 1
 
 
-def _iter_folder(root: Path, suffixes: set[str] | None = None) -> Iterator[Record]:
+def _iter_folder(root: Path) -> Iterator[Record]:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
         if any(part.startswith(".") for part in path.relative_to(root).parts):
-            continue
-        if suffixes is not None and path.suffix not in suffixes:
             continue
         data = path.read_bytes()
         if b"\x00" in data[:1024]:

@@ -48,9 +48,7 @@ def select_rules(disabled: Iterable[str] = ()) -> tuple[Rule, ...]:
             f"unknown filter rule(s) {unknown}; known codes {list(ALL_CODES)} and names "
             f"{[r.name for r in RULES]}"
         )
-    return tuple(
-        r for r in RULES if r.name not in disabled and not set(r.codes) <= disabled
-    )
+    return tuple(r for r in RULES if r.name not in disabled and not set(r.codes) <= disabled)
 
 
 def apply_rules(

@@ -117,9 +117,7 @@ def duplicate_ngrams(doc: Doc, cfg: FilterConfig) -> list[Flag]:
         frac = sum(len(w) for w, d in zip(words, dup, strict=True) if d) / total
         if frac <= max_frac:
             continue
-        msg = (
-            f"repeated {n}-grams cover {frac:.0%} of the characters (maximum {max_frac:.0%})"
-        )
+        msg = f"repeated {n}-grams cover {frac:.0%} of the characters (maximum {max_frac:.0%})"
         spans = merge_spans([s for s, d in zip(doc.word_spans, dup, strict=True) if d])
         return [Flag("D223", a, b, msg) for a, b in spans[: cfg.max_spans]]
     return []

@@ -58,14 +58,14 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-LN transformer block: x + attn(ln(x)), then x + ffn(ln(x))."""
 
-    def __init__(self, cfg: ModelConfig, moe: bool) -> None:
+    def __init__(self, cfg: ModelConfig, moe: bool, seq_len: int) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.d_model)
         self.mlp: nn.Module
         if moe and cfg.moe is not None:
-            self.mlp = MoEFeedForward(cfg.d_model, cfg.moe, cfg.dropout)
+            self.mlp = MoEFeedForward(cfg.d_model, cfg.moe, cfg.dropout, seq_len)
         else:
             self.mlp = MLP(cfg)
 
@@ -93,7 +93,7 @@ class GPT(nn.Module):
                 drop=nn.Dropout(cfg.dropout),
                 # Every `every`-th block gets the MoE feed-forward (blocks every-1, 2*every-1, ..)
                 h=nn.ModuleList(
-                    Block(cfg, moe=every > 0 and (i + 1) % every == 0)
+                    Block(cfg, moe=every > 0 and (i + 1) % every == 0, seq_len=seq_len)
                     for i in range(cfg.n_layers)
                 ),
                 ln_f=nn.LayerNorm(cfg.d_model),
@@ -121,13 +121,13 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.dim() != 2:
             raise ValueError(f"idx must be (batch, time) token ids, got shape {tuple(idx.shape)}")
-        B, T = idx.shape
-        if T > self.seq_len:
+        if idx.size(1) > self.seq_len:
             raise ValueError(
-                f"sequence of {T} tokens is longer than the model's seq_len={self.seq_len} "
-                "(its position embedding has no row for it); crop the input or build the "
-                "model with a larger seq_len"
+                f"sequence of {idx.size(1)} tokens is longer than the model's "
+                f"seq_len={self.seq_len} (its position embedding has no row for it); crop the "
+                "input or build the model with a larger seq_len"
             )
+        B, T = idx.shape
         pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
         tok_emb = self.transformer.wte(idx)  # (B, T, C)
         pos_emb = self.transformer.wpe(pos)  # (T, C), broadcast over the batch

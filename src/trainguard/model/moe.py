@@ -6,8 +6,9 @@ layer costs what a dense one does per token.
 
 Routers (`MoEConfig.router`):
 - `token_choice`: each token picks its top-k experts; each expert takes at most
-  `capacity = ceil(capacity_factor * T * top_k / n_experts)` tokens of ONE sequence; the rest
-  are dropped (their feed-forward output is zero, the residual stream carries them) and counted.
+  `capacity = ceil(capacity_factor * L * top_k / n_experts)` tokens of ONE sequence, L being the
+  model's context length (`seq_len`); the rest are dropped (their feed-forward output is zero,
+  the residual stream carries them) and counted.
 - `dropless`: top-k without a capacity limit (MegaBlocks, Gale et al. 2022); nothing is dropped.
 - `expert_choice` (Zhou et al. 2022): each expert picks its top-C tokens of the sequence. That
   choice looks at every position, future ones included, so it is NOT causal; it exists as a
@@ -28,7 +29,7 @@ on every MoE layer; `collect_router_stats(model)` finds them by duck typing.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +64,9 @@ class MoEFeedForward(nn.Module):
     f_i = 1/n_experts and the loss is the constant 1: that router is balanced by construction.
     """
 
-    def __init__(self, d_model: int, cfg: MoEConfig, dropout: float = 0.0) -> None:
+    def __init__(
+        self, d_model: int, cfg: MoEConfig, dropout: float = 0.0, seq_len: int | None = None
+    ) -> None:
         super().__init__()
         if cfg.top_k > cfg.n_experts:
             raise ValueError(
@@ -74,6 +77,14 @@ class MoEFeedForward(nn.Module):
         self.top_k = cfg.top_k
         self.router = cfg.router
         self.capacity_factor = cfg.capacity_factor
+        # token_choice sizes capacity for a full context of `seq_len` tokens (None: the input's
+        # length), so that a shorter, prefix-only forward gets the same budget (see below).
+        self.seq_len = seq_len
+        # Which assignments get an expert's capacity first (token_choice). "position" is the
+        # causal choice and the only one a recipe can select; "score" (across the sequence, by
+        # router probability) leaks the future and exists for tests of `check-model`: set it
+        # on a built layer, `layer.capacity_priority = "score"`.
+        self.capacity_priority: Literal["position", "score"] = "position"
         self.gate = nn.Linear(d_model, cfg.n_experts, bias=False)  # W_g: router logits
         self.experts = nn.ModuleList(ExpertMLP(d_model) for _ in range(cfg.n_experts))
         self.dropout = nn.Dropout(dropout)
@@ -112,10 +123,12 @@ class MoEFeedForward(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------
 
-    def capacity(self, seq_len: int) -> int:
-        """Tokens each expert takes from one sequence of `seq_len` tokens (capacity routers)."""
-        share = self.capacity_factor * seq_len * self.top_k / self.n_experts
-        return max(1, min(seq_len, math.ceil(share)))
+    def capacity(self, T: int, context: int | None = None) -> int:
+        """Slots per expert for one sequence of T tokens: `capacity_factor * context * top_k /
+        n_experts` rounded up, `context` defaulting to T. Never more than T: a sequence cannot
+        send an expert more than T assignments, so more slots would only add empty rows."""
+        share = self.capacity_factor * (context or T) * self.top_k / self.n_experts
+        return max(1, min(T, math.ceil(share)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -164,11 +177,12 @@ class MoEFeedForward(nn.Module):
             # before it. Prioritising by router score across the sequence (as some Switch/GShard
             # implementations do) would let a later, higher-scoring token evict an earlier one:
             # the earlier position's output would then depend on the future.
-            # A side effect worth knowing: capacity depends on T, so a prefix-only forward
-            # (serving) can drop differently from the full teacher-forced sequence.
-            cap = self.capacity(T)
-            pos = onehot.view(B, T * k, E).cumsum(1).view(N * k, E)
-            pos = pos.gather(1, expert_a[:, None]).squeeze(1) - 1  # (A,) queue position
+            # The budget is sized for the model's full context, not this input's length: with
+            # earliest-first priority, a prefix-only forward (serving) then drops exactly what
+            # the full teacher-forced sequence drops at those positions. Sizing it by T would
+            # give a short prefix a smaller budget and more drops: train/serve skew.
+            cap = self.capacity(T, max(T, self.seq_len or T))
+            pos = self._queue_positions(onehot.view(B, T * k, E), probs, expert_a)  # (A,)
             keep = pos < cap
             seq = torch.arange(N * k, device=x_flat.device) // (T * k)  # (A,) sample index
             n_slots = E * B * cap
@@ -193,6 +207,22 @@ class MoEFeedForward(nn.Module):
         out = (y_a * gate.unsqueeze(-1)).sum(1).to(x_flat.dtype)  # (N, C)
         self._count(N * k, dropped, kept)
         return out, wanted
+
+    def _queue_positions(self, onehot: torch.Tensor, probs: torch.Tensor, expert_a: torch.Tensor):
+        """Each assignment's place in its expert's queue within its sequence, (A,).
+
+        onehot: (B, T*k, E) in token-major order. "position": earlier tokens first (causal).
+        "score": highest router probability first, the leaky variant kept as a check target.
+        """
+        B, A_seq, E = onehot.shape
+        if self.capacity_priority == "position":
+            pos = onehot.cumsum(1)  # (B, T*k, E)
+        else:
+            score = probs.gather(1, expert_a.view(-1, self.top_k)).view(B, A_seq)
+            order = score.sort(dim=1, descending=True, stable=True).indices  # (B, T*k)
+            ranked = onehot.gather(1, order[..., None].expand(-1, -1, E)).cumsum(1)
+            pos = torch.empty_like(ranked).scatter_(1, order[..., None].expand(-1, -1, E), ranked)
+        return pos.view(B * A_seq, E).gather(1, expert_a[:, None]).squeeze(1) - 1
 
     def _expert_choice(self, x_flat, probs, B: int, T: int):
         """Zhou et al. 2022: expert e takes the C tokens of the sequence that score highest for

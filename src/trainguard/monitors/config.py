@@ -20,7 +20,7 @@ class MonitorsConfig(BaseModel):
     loss_spike_z: float = Field(6.0, gt=0.0)
     """A loss spike is more than this many robust standard deviations (IQR / 1.349) above the
     rolling median..."""
-    loss_spike_min_ratio: float = Field(1.2, ge=1.0)
+    loss_spike_min_ratio: float = Field(1.3, ge=1.0)
     """...and at least this multiple of the rolling median (both must hold)."""
     grad_spike_z: float = Field(6.0, gt=0.0)
     """A gradient-norm spike is more than this many robust standard deviations above the rolling
@@ -35,9 +35,9 @@ class MonitorsConfig(BaseModel):
     """...for this many consecutive steps."""
     divergence_min_steps: int = Field(50, ge=0)
     """Steps seen before divergence is scored (warm-up bumps are not divergence)."""
-    oscillation_window: int = Field(512, ge=32)
+    oscillation_window: int = Field(1024, ge=128)
     """Rows of loss history tested for a periodic wave; the longest detectable period is a
-    third of it (in rows)."""
+    quarter of the rows held (256 rows for a full window)."""
     oscillation_interval: int = Field(128, ge=1)
     """Test for a wave every this many rows (the FFT cost is amortised over them)."""
     oscillation_alpha: float = Field(1e-6, gt=0.0, lt=1.0)
@@ -48,6 +48,9 @@ class MonitorsConfig(BaseModel):
     """Steps of tokens-per-second history for the rolling median."""
     throughput_drop: float = Field(0.3, gt=0.0, lt=1.0)
     """A throughput drop is this fraction or more below the rolling median..."""
+    throughput_z: float = Field(3.0, ge=0.0)
+    """...and more than this many robust standard deviations below it (so a machine whose
+    throughput swings by tens of percent step to step stays quiet)..."""
     throughput_patience: int = Field(5, ge=1)
     """...for this many consecutive steps (single slow steps such as checkpoints are ignored)."""
     throughput_min_history: int = Field(10, ge=1)

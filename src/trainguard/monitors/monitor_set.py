@@ -76,7 +76,7 @@ def _detectors(name: str, kind: MetricKind, c: MonitorsConfig, data_period: floa
     return {
         "throughput": ThroughputDetector(
             name, c.throughput_drop, c.throughput_patience, c.throughput_window,
-            c.throughput_min_history,
+            c.throughput_min_history, c.throughput_z,
         )
     }  # fmt: skip
 

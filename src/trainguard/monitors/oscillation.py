@@ -1,18 +1,23 @@
 """R105: a periodic wave in the loss, the signature of a poorly shuffled data order.
 
 Every `interval` rows the last `window` rows are tested:
-1. Detrend: fit a cubic in log(step) to log(loss) by least squares (a power law with warm-up
-   and a cosine schedule is smooth in those coordinates) and keep the residual. Log units make
-   the amplitude relative: 0.01 means a 1% wave.
+1. Detrend: fit a degree-5 polynomial in log(step) to log(loss) by least squares (a power law
+   with warm-up and a cosine schedule is smooth in those coordinates) and keep the residual.
+   Log units make the amplitude relative: 0.01 means a 1% wave.
 2. Periodogram of the residual (no taper, so bins are independent under white noise), over
-   frequencies k = 3 .. (n-1)//2: periods from n/3 down to two rows. Slower waves cannot be
-   told apart from the trend.
+   frequencies k = 4 .. (n-1)//2: periods from n/4 rows down to two rows. Slower waves cannot
+   be told apart from the trend the polynomial absorbs.
 3. Fisher's g-test: g = max P_k / sum P_k; under white noise P(G > g) ~= m (1 - g)^(m - 1) for m
    bins. A peak is a wave when that is below `alpha` and its amplitude at least `min_amplitude`.
-4. The period is refined on an 8x zero-padded, Hann-tapered spectrum, converted from rows to
+4. Stationarity: a wave from the data order persists with a fixed period and phase, so the
+   component, measured in each third of the window against the whole window's phase, must
+   keep at least half its amplitude there. Trend misfit (the fast fall after warm-up, the
+   bend where a divergence starts) is lobes of changing size and sign, and fails this even
+   when the residual has no noise at all.
+5. The period is refined on an 8x zero-padded, Hann-tapered spectrum, converted from rows to
    steps (rows may be logged every k steps), and compared with the known data period P: it
    matches when it is within 10% of P / h for a harmonic h in 1..4.
-The FFT costs O(n log n) every `interval` rows: O(window / interval * log window) amortised.
+The fit and FFT cost O(n log n) every `interval` rows, a constant amortised cost per step.
 """
 
 from __future__ import annotations
@@ -27,16 +32,26 @@ import numpy as np
 from trainguard.findings import Finding
 
 MIN_ROWS = 96
-_K_MIN = 3
+_DEGREE = 5
+_K_MIN = 4
 _PAD = 8
+_THIRDS_MIN = 0.5
 _MATCH_TOL = 0.1
+
+
+def _component(resid: np.ndarray, idx: np.ndarray, k: int, n: int) -> complex:
+    """Complex amplitude of the frequency k/n component of resid restricted to positions idx."""
+    phase = 2.0 * np.pi * k * idx / n
+    c = float(resid[idx] @ np.cos(phase))
+    s = float(resid[idx] @ np.sin(phase))
+    return complex(c, s) * 2.0 / len(idx)
 
 
 def find_wave(steps: np.ndarray, values: np.ndarray, alpha: float) -> dict[str, float] | None:
     """The most significant periodic component of `values` over `steps`, or None.
 
     Returns {"period_steps", "amplitude", "p_value", "g"} when Fisher's test rejects white noise
-    at `alpha`; pure function, used online and offline.
+    at `alpha` and the wave is present throughout; pure function, used online and offline.
     """
     n = len(values)
     if n < MIN_ROWS:
@@ -47,14 +62,13 @@ def find_wave(steps: np.ndarray, values: np.ndarray, alpha: float) -> dict[str, 
     if t_hi <= t_lo:
         return None
     u = 2.0 * (t - t_lo) / (t_hi - t_lo) - 1.0
-    design = np.vander(u, 4)  # (n, 4): u^3, u^2, u, 1
+    design = np.vander(u, _DEGREE + 1)  # (n, degree + 1)
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)
     resid = y - design @ coef
-    if not np.any(np.abs(resid) > 1e-12):
-        return None  # a curve the cubic explains exactly: constant, pure power law
+    if not np.any(np.abs(resid) > 1e-9):
+        return None  # a curve the polynomial explains exactly: constant, pure power law
     spec = np.abs(np.fft.rfft(resid)) ** 2
-    m_hi = (n - 1) // 2
-    band = spec[_K_MIN : m_hi + 1]
+    band = spec[_K_MIN : (n - 1) // 2 + 1]
     total = float(band.sum())
     if total <= 0 or len(band) < 8:
         return None
@@ -65,17 +79,23 @@ def find_wave(steps: np.ndarray, values: np.ndarray, alpha: float) -> dict[str, 
     if p_value >= alpha:
         return None
     k = k_rel + _K_MIN
+    amplitude = 2.0 * math.sqrt(float(spec[k])) / n
+    # The same wave in each third: same amplitude and phase. Projected on the whole window's
+    # phase, each third must carry at least half the amplitude.
+    whole = _component(resid, np.arange(n), k, n)
+    unit = whole / abs(whole)
+    thirds = [_component(resid, part, k, n) for part in np.array_split(np.arange(n), 3)]
+    if min((t * unit.conjugate()).real for t in thirds) < _THIRDS_MIN * abs(whole):
+        return None
     # Refine the frequency between bins on a zero-padded tapered spectrum near the peak.
     w = np.hanning(n)
     fine = np.abs(np.fft.rfft(resid * w, n=_PAD * n))
     lo, hi = max(1, _PAD * (k - 1)), min(len(fine) - 1, _PAD * (k + 1))
     j = lo + int(np.argmax(fine[lo : hi + 1]))
-    amplitude = 2.0 * float(fine[j]) / float(w.sum())
-    period_rows = _PAD * n / j
-    stride = float(np.median(np.diff(steps))) if n > 1 else 1.0
+    stride = float(np.median(np.diff(steps)))
     return {
-        "period_steps": period_rows * max(stride, 1e-12),
-        "amplitude": amplitude,
+        "period_steps": _PAD * n / j * max(stride, 1e-12),
+        "amplitude": max(amplitude, 2.0 * float(fine[j]) / float(w.sum())),
         "p_value": p_value,
         "g": g,
     }
@@ -97,7 +117,7 @@ class OscillationDetector:
     def __init__(
         self,
         metric: str = "loss",
-        window: int = 512,
+        window: int = 1024,
         interval: int = 128,
         alpha: float = 1e-6,
         min_amplitude: float = 0.003,

@@ -11,31 +11,47 @@ from __future__ import annotations
 import numpy as np
 
 
+def lr_schedule(n: int, warmup: int = 0, cosine: bool = False, min_ratio: float = 0.1):
+    """(n,) learning rates relative to the peak: linear warm-up, then constant or cosine decay."""
+    t = np.arange(n, dtype=np.float64)
+    lr = np.ones(n)
+    if warmup:
+        lr = np.minimum(lr, (t + 1.0) / warmup)
+    if cosine:
+        prog = np.clip((t - warmup) / max(n - warmup - 1, 1), 0.0, 1.0)
+        decay = min_ratio + (1 - min_ratio) * 0.5 * (1 + np.cos(np.pi * prog))
+        lr = np.where(t < warmup, lr, decay)
+    return lr
+
+
 def clean_loss(
     n: int,
     seed: int = 0,
     noise: float = 0.02,
     heavy_tails: bool = False,
     warmup: int = 0,
+    cosine: bool = False,
     floor: float = 2.0,
     scale: float = 8.0,
     exponent: float = 0.5,
-    cosine: bool = False,
 ) -> np.ndarray:
-    """(n,) positive losses: floor + scale * (step + 1) ** -exponent, times (1 + noise)."""
+    """(n,) positive losses with multiplicative per-batch noise of relative std `noise`.
+
+    The noiseless curve is a power law in the *cumulative* learning rate S(t) (the area under
+    the schedule), floor + scale * (1 + S) ** -exponent, which is how losses respond to warm-up
+    and decay (Tissue et al. 2024, Scaling Law with Learning Rate Annealing): flat while the LR
+    is tiny, then falling, with an extra drop while the LR anneals.
+    """
     rng = np.random.default_rng(seed)
-    t = np.arange(n, dtype=np.float64)
-    loss = floor + scale * (t + 1.0) ** -exponent
-    if warmup:
-        # Early on the model is near its initial loss (log vocab); it falls as the LR warms up.
-        start = floor + scale * 1.2
-        w = np.clip(t / warmup, 0.0, 1.0)
-        loss = np.where(t < warmup, start + (loss - start) * w, loss)
+    lr = lr_schedule(n, warmup, cosine)
+    area = np.cumsum(lr)
+    loss = floor + scale * (1.0 + area) ** -exponent
     if cosine:
-        # The LR decay lowers the loss further towards the end of the schedule.
-        loss = loss - 0.05 * floor * (1 - np.cos(np.pi * t / max(n - 1, 1))) / 2
+        # Annealing bonus: the loss drops further as the LR decays (the S2 term of Tissue et al.)
+        loss = loss - 0.02 * floor * (1.0 - lr)
     if heavy_tails:
-        eps = rng.standard_t(df=4, size=n) * noise / np.sqrt(2.0)  # same variance as normal
+        df = 5
+        eps = rng.standard_t(df=df, size=n) * noise / np.sqrt(df / (df - 2))  # std = noise
     else:
         eps = rng.normal(0.0, noise, size=n)
     return loss * (1.0 + eps)

@@ -1,8 +1,12 @@
 """R106: throughput drops, tokens per second stuck well below their rolling median.
 
 Single slow steps (a checkpoint write, an evaluation) are normal, so the detector needs
-`patience` consecutive steps at least `drop` below the median of the last `window` values. It
-fires once per episode and re-arms when throughput recovers.
+`patience` consecutive steps each at least `drop` below the median of the last `window` values
+AND more than `z` robust standard deviations (IQR / 1.349) below it, both in log space
+(throughput noise is multiplicative). The second condition keeps a machine whose throughput
+swings by tens of percent from step to step (shared, oversubscribed CPUs) quiet: there a drop
+of that size cannot be told from the noise, while a collapse still stands out. It fires once
+per episode and re-arms when throughput recovers.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ class ThroughputDetector:
         patience: int = 5,
         window: int = 64,
         min_history: int = 10,
+        z: float = 3.0,
     ) -> None:
         self.metric = metric
         self.drop = drop
+        self.z = z
         self.patience = patience
         self.min_history = min_history
         self.window = RollingWindow(window)
@@ -37,28 +43,33 @@ class ThroughputDetector:
 
     def update(self, step: int, metrics: Mapping[str, float | None]) -> list[Finding]:
         x = metrics.get(self.metric)
-        if x is None or not math.isfinite(x):
+        if x is None or not math.isfinite(x) or x < 0:
             return []
+        lx = math.log(x) if x > 0 else -math.inf  # zero throughput: a stall, as low as it gets
         out: list[Finding] = []
         if len(self.window) >= self.min_history:
             med = self.window.median()
-            if med > 0 and x < (1.0 - self.drop) * med:
+            low = lx < med + math.log1p(-self.drop) and lx < med - self.z * (
+                self.window.robust_sigma()
+            )
+            if low:
                 self.low += 1
                 if self.since is None:
                     self.since = step
                 if self.low >= self.patience and not self.fired:
                     self.fired = True
+                    m = math.exp(med)
                     out.append(
                         Finding.of(
                             self.code,
-                            f"{self.metric} has been {x:.4g}, {1 - x / med:.0%} below its rolling "
-                            f"median {med:.4g}, for {self.low} steps since step {self.since}",
+                            f"{self.metric} has been {x:.4g}, {1 - x / m:.0%} below its rolling "
+                            f"median {m:.4g}, for {self.low} steps since step {self.since}",
                             step=step,
                             metric=self.metric,
                             data={
                                 "value": float(x),
-                                "median": float(med),
-                                "drop": float(1 - x / med),
+                                "median": float(m),
+                                "drop": float(1 - x / m),
                                 "since_step": self.since,
                                 "steps": self.low,
                             },
@@ -66,7 +77,8 @@ class ThroughputDetector:
                     )
             else:
                 self.low, self.since, self.fired = 0, None, False
-        self.window.push(float(x))
+        if x > 0:
+            self.window.push(lx)
         return out
 
     def state_dict(self) -> dict[str, Any]:

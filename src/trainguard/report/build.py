@@ -75,9 +75,7 @@ def _img(png: bytes, alt: str) -> str:
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -162,7 +160,9 @@ def render_markdown(info: dict[str, Any]) -> str:
         at = f" (step {f['step']})" if f.get("step") is not None else ""
         lines.append(f"- **{f['code']}** {f['severity']}{at}: {f['message']}")
     lines += ["", "## Checkpoints", ""]
-    lines += [f"- step {c['step']}: {'valid' if c['valid'] else 'INVALID'}" for c in info["checkpoints"]]
+    lines += [
+        f"- step {c['step']}: {'valid' if c['valid'] else 'INVALID'}" for c in info["checkpoints"]
+    ]
     lines += ["", "Plots and the environment are in report.html.", ""]
     return "\n".join(lines)
 

@@ -109,10 +109,14 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for k in range(t.grad_accum):
             micro_ids = ids[k * micro : (k + 1) * micro]
-            x, y = self._micro_batch(micro_ids[self.world.rank * local : (self.world.rank + 1) * local])
+            x, y = self._micro_batch(
+                micro_ids[self.world.rank * local : (self.world.rank + 1) * local]
+            )
             last = k == t.grad_accum - 1
             # DDP all-reduces gradients only on the last micro-batch of the step.
-            sync = contextlib.nullcontext() if last or self.net is self.model else self.net.no_sync()
+            sync = (
+                contextlib.nullcontext() if last or self.net is self.model else self.net.no_sync()
+            )
             with sync:
                 self._phase("forward", step)
                 with _autocast(t.precision, self.device):

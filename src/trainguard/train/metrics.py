@@ -35,22 +35,22 @@ class MetricsLog:
         self.path = run_dir / METRICS_FILE
         self._file: TextIO | None = None
 
-    def truncate_after(self, step: int) -> int:
-        """Drop rows of steps after `step` (work a crash threw away); returns rows dropped.
+    def truncate_after(self, step: int) -> list[dict[str, Any]]:
+        """Drop rows of steps after `step` (work a crash threw away); returns the dropped rows.
 
-        A resumed run recomputes those steps, so keeping them would log them twice.
+        A resumed run recomputes those steps, so keeping them would log them twice; the
+        dropped step rows' batch hashes let the resumed run prove it replays the same data.
         """
         if not self.path.exists():
-            return 0
-        kept, dropped = [], 0
+            return []
+        kept, dropped = [], []
         for line in self.path.read_text(encoding="utf-8").splitlines():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                dropped += 1  # a line cut by SIGKILL mid-write
-                continue
+                continue  # a line cut by SIGKILL mid-write
             if isinstance(row.get("step"), int) and row["step"] > step:
-                dropped += 1
+                dropped.append(row)
             else:
                 kept.append(line)
         atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))

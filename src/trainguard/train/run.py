@@ -14,7 +14,9 @@ import torch
 from trainguard.checkpoint.store import CheckpointStore
 from trainguard.config.load import recipe_to_dict
 from trainguard.config.schema import Recipe
+from trainguard.data.order import compare_batch_hashes
 from trainguard.data.prepare import prepare_data
+from trainguard.data.shards import compare_identity, data_identity
 from trainguard.drills.faults import FaultPlan
 from trainguard.findings import Finding
 from trainguard.model.gpt import GPT
@@ -86,6 +88,7 @@ class RunSession:
         self.state = TrainerState()
         self.resumed_from: int | None = None
         self.last_eval: dict[str, float] = {}
+        self.replayed_hashes: dict[int, str] = {}
 
     # -- phases -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -116,16 +119,21 @@ class RunSession:
     def resume(self) -> None:
         """Continue from the newest valid checkpoint, falling back past corrupt ones."""
         loaded = self.store.load_latest()
+        step = loaded.step if loaded is not None else 0
+        dropped = self.metrics.truncate_after(step) if self.is_main else []
+        # Steps a crash threw away are recomputed; they must read the very same batches (D110).
+        self.replayed_hashes = {
+            r["step"]: r["batch_hash"] for r in dropped if r.get("kind") == "step"
+        }
         if loaded is None:
-            if self.is_main:
-                self.metrics.truncate_after(0)
             return
         self.state, saved_env = read_checkpoint_files(loaded.path, self.model, self.optimizer)
         self.resumed_from = self.state.step
-        if self.is_main:
-            self.metrics.truncate_after(self.state.step)
         self.record(loaded.findings)
         self.record(drift_findings(saved_env, self.env, self.state.step))
+        recorded = (loaded.manifest.get("meta") or {}).get("data_identity")
+        if recorded is not None:
+            self.record(compare_identity(recorded, data_identity(self.data.manifest)))
         self.record(
             [
                 Finding.of(
@@ -148,7 +156,11 @@ class RunSession:
 
         self.faults.at("checkpoint", step)
         if self.is_main:
-            self.store.save(step, write, meta={"tokens_seen": self.state.tokens_seen})
+            meta = {
+                "tokens_seen": self.state.tokens_seen,
+                "data_identity": data_identity(self.data.manifest),
+            }
+            self.store.save(step, write, meta=meta)
 
     def evaluate(self) -> None:
         result = self.trainer.evaluate()
@@ -174,7 +186,10 @@ class RunSession:
             device=self.device,
         )
         self.display = ProgressDisplay(
-            t.max_steps, self.state.step, t.log_interval, enabled=self.progress_enabled and self.is_main
+            t.max_steps,
+            self.state.step,
+            t.log_interval,
+            enabled=self.progress_enabled and self.is_main,
         )
         tokens_per_step = self.trainer.global_batch * r.data.seq_len
         try:
@@ -185,7 +200,9 @@ class RunSession:
                 t0 = time.perf_counter()
                 out = self.trainer.forward_backward(step, self.state.loader_position)
                 lr = self.trainer.apply_update(step)
-                self.state.advance(self.trainer.global_batch, tokens_per_step, self.trainer.order.num_samples)
+                self.state.advance(
+                    self.trainer.global_batch, tokens_per_step, self.trainer.order.num_samples
+                )
                 dt = time.perf_counter() - t0
                 tokens_per_s = tokens_per_step / dt
                 if self.is_main:
@@ -202,6 +219,9 @@ class RunSession:
                             "time": time.time(),
                         }
                     )
+                if step in self.replayed_hashes:
+                    expected = {step: self.replayed_hashes.pop(step)}
+                    self.record(compare_batch_hashes(expected, {step: out.batch_hash}))
                 self.display.update(self.state.step, out.loss, tokens_per_s)
                 done = self.state.step == t.max_steps
                 if self.state.step % t.eval_interval == 0 or done:

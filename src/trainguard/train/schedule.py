@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 
-def lr_at(step: int, peak_lr: float, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
+def lr_at(
+    step: int, peak_lr: float, warmup_steps: int, max_steps: int, min_lr_ratio: float
+) -> float:
     """The learning rate for optimizer step `step` (0-based).
 
     A pure function of the step, so a resumed run needs no scheduler state.

@@ -1,0 +1,53 @@
+"""What the store hands back: the result of a save, a loaded checkpoint, an async save handle."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.findings import Finding
+
+
+@dataclass
+class CheckpointInfo:
+    """What a save did. `location` is the step folder or URL; `written` is False on ranks that
+    do not write (only rank 0 writes)."""
+
+    step: int
+    location: str
+    manifest: dict[str, Any]
+    bytes: int = 0
+    seconds: float = 0.0
+    findings: list[Finding] = field(default_factory=list)
+    deleted: list[int] = field(default_factory=list)
+    written: bool = True
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A verified checkpoint in a LOCAL folder (remote ones are downloaded into the cache)."""
+
+    step: int
+    path: Path
+    manifest: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+    from_cache: bool = False
+
+
+class SaveHandle:
+    """The Future-like result of `save_async`: `result()` blocks for the CheckpointInfo (or
+    raises the save's StorageError); `stall_s` is how long the caller was blocked."""
+
+    def __init__(self, future: Future[CheckpointInfo], stall_s: float) -> None:
+        self.future, self.stall_s = future, stall_s
+
+    def result(self, timeout: float | None = None) -> CheckpointInfo:
+        return self.future.result(timeout)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self.future.exception(timeout)

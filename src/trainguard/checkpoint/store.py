@@ -1,0 +1,329 @@
+"""The CheckpointStore: durable, verified, retained checkpoints, local or on object storage.
+
+The store knows nothing about models. The training loop passes `write(folder)`, which writes
+the payload files; the store checksums them, writes the manifest last, commits atomically
+(rename locally, manifest-last upload remotely), verifies, and applies retention. Loading
+verifies every file's size and checksum and falls back to the previous valid step on damage.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from trainguard.checkpoint.failures import describe, io_errno
+from trainguard.checkpoint.fsurl import default_cache_dir, open_filesystem
+from trainguard.checkpoint.local import LocalBackend, staged_bytes
+from trainguard.checkpoint.manifest import MANIFEST, build_manifest, parse_manifest
+from trainguard.checkpoint.remote import RemoteBackend
+from trainguard.checkpoint.results import CheckpointInfo, LoadedCheckpoint, SaveHandle
+from trainguard.checkpoint.retention import plan_retention
+from trainguard.checkpoint.retry import RetryPolicy, TokenBucket
+from trainguard.errors import BadInputError, CorruptError, StorageError
+from trainguard.findings import Finding, has_errors
+
+
+def _is_url(root: str) -> bool:
+    return "://" in root and not root.startswith("file://")
+
+
+class CheckpointStore:
+    """Verified checkpoints under `root`: a path, `file://...`, or any fsspec URL.
+
+    Only `rank` 0 writes; every rank may load. Remote transfers start `rank * retry.stagger_s`
+    seconds late, are limited to `rate_limit_bytes_per_s`, and are retried with full-jitter
+    backoff. `filesystem` (an fsspec filesystem) overrides the one built from the URL;
+    `on_phase(phase, step)` is called at "checkpoint_rename", just before the commit point
+    (fire drills kill the process there).
+    """
+
+    def __init__(
+        self,
+        root: str,
+        keep: int = 3,
+        *,
+        cache_dir: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        storage_options: dict | None = None,
+        retry: RetryPolicy | None = None,
+        rate_limit_bytes_per_s: float | None = None,
+        filesystem: Any | None = None,
+        on_phase: Callable[[str, int], None] | None = None,
+    ) -> None:
+        if keep < 1:
+            raise BadInputError(f"keep={keep}: at least one checkpoint must be kept", "keep >= 1")
+        if not 0 <= rank < max(world_size, 1):
+            raise BadInputError(f"rank {rank} is outside world_size {world_size}", "0 <= rank")
+        if rate_limit_bytes_per_s is not None and rate_limit_bytes_per_s <= 0:
+            raise BadInputError(
+                f"rate_limit_bytes_per_s={rate_limit_bytes_per_s} must be positive",
+                "pass None for no limit",
+            )
+        self.root, self.keep, self.rank, self.world_size = str(root), keep, rank, world_size
+        self.retry = retry or RetryPolicy()
+        self.last_findings: list[Finding] = []
+        self._lock = threading.RLock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future[CheckpointInfo] | None = None
+        self.backend: LocalBackend | RemoteBackend
+        if filesystem is None and not _is_url(self.root):
+            local = self.root[len("file://") :] if self.root.startswith("file://") else self.root
+            self.backend = LocalBackend(Path(local).expanduser(), on_phase)
+        else:
+            if filesystem is not None:
+                fs, path = filesystem, filesystem._strip_protocol(self.root).rstrip("/")
+            else:
+                fs, path = open_filesystem(self.root, storage_options)
+            bucket = TokenBucket(rate_limit_bytes_per_s) if rate_limit_bytes_per_s else None
+            cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir(self.root)
+            self.backend = RemoteBackend(
+                fs, path, self.root, cache, self.retry, bucket, rank, on_phase
+            )
+
+    # -- writing -------------------------------------------------------------------------------
+    @property
+    def writes(self) -> bool:
+        return self.rank == 0
+
+    def save(
+        self, step: int, write: Callable[[Path], None], meta: dict | None = None
+    ) -> CheckpointInfo:
+        """Write, checksum, commit and verify step `step`, then apply retention."""
+        if not self.writes:
+            return CheckpointInfo(step, self.backend.location(step), {}, written=False)
+        t0 = time.perf_counter()
+        self._wait_pending()
+        with self._lock:
+            return self._commit(step, self._stage(step, write), meta, t0)
+
+    def save_async(
+        self, step: int, write: Callable[[Path], None], meta: dict | None = None
+    ) -> SaveHandle:
+        """Run `write` now (the state is captured before the caller mutates it), then checksum,
+        upload, verify and prune in a background thread. One save is in flight at a time: a
+        second call first waits for the previous one (that wait counts in `stall_s`). Call it
+        from one thread (the training loop)."""
+        t0 = time.perf_counter()
+        if not self.writes:
+            done: Future[CheckpointInfo] = Future()
+            done.set_result(CheckpointInfo(step, self.backend.location(step), {}, written=False))
+            return SaveHandle(done, 0.0)
+        # Not under self._lock: the previous commit holds it until it finishes.
+        self._wait_pending()
+        stage = self._stage(step, write)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-ckpt")
+        self._pending = self._executor.submit(self._commit, step, stage, meta, t0)
+        return SaveHandle(self._pending, time.perf_counter() - t0)
+
+    def _wait_pending(self) -> None:
+        if self._pending is not None:
+            wait([self._pending])  # its outcome belongs to its own handle
+            self._pending = None
+
+    def close(self) -> None:
+        """Wait for an in-flight async save and stop the background thread."""
+        self._wait_pending()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def __enter__(self) -> CheckpointStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _failure(self, step: int, action: str, exc: BaseException) -> StorageError:
+        prev = [s for s in self._safe_steps() if s != step]
+        kept = (
+            f"the previous checkpoint (step {prev[-1]}) is untouched"
+            if prev
+            else ("no earlier checkpoint exists")
+        )
+        code = "C201" if self.backend.remote else "C106"
+        partial = (
+            "its manifest was not committed, so the partial step is never loaded"
+            if self.backend.remote
+            else "the partial step was removed"
+        )
+        return StorageError(
+            f"{code}: could not {action} checkpoint step {step} at "
+            f"{self.backend.location(step)}: {describe(exc)}; {partial} and {kept}",
+            "free disk space or raise the size/quota limit, fix permissions, or point the "
+            "checkpoint root at a writable location"
+            + ("; check the endpoint, bucket and credentials" if self.backend.remote else ""),
+        )
+
+    def _safe_steps(self) -> list[int]:
+        try:
+            return self.steps()
+        except Exception:
+            return []
+
+    def _stage(self, step: int, write: Callable[[Path], None]) -> Path:
+        try:
+            stage = self.backend.new_stage(step)
+        except OSError as e:
+            raise self._failure(step, "create a temporary folder for", e) from e
+        try:
+            write(stage)
+            if (stage / MANIFEST).exists():
+                raise BadInputError(
+                    f"write() created {MANIFEST} in the checkpoint folder; the store reserves it",
+                    f"name the file differently; the store writes {MANIFEST} itself",
+                )
+        except BaseException as e:
+            shutil.rmtree(stage, ignore_errors=True)
+            if isinstance(e, Exception) and io_errno(e) is not None:
+                raise self._failure(step, "write", e) from e
+            raise  # a bug in the caller's write(): not a storage problem
+        return stage
+
+    def _commit(self, step: int, stage: Path, meta: dict | None, t0: float) -> CheckpointInfo:
+        with self._lock:
+            try:
+                nbytes = staged_bytes(stage)
+                manifest = build_manifest(stage, step, meta)
+                location, findings = self.backend.commit(step, stage, manifest)
+            except Exception as e:
+                shutil.rmtree(stage, ignore_errors=True)
+                if isinstance(e, BadInputError):
+                    raise
+                self.backend.abort(step)
+                raise self._failure(step, "commit", e) from e
+            # Verify the new step in place before pruning anything older.
+            try:
+                status = self.backend.quick_status()
+            except Exception as e:  # committed, but unlisted: keep everything, say so
+                findings.append(self._retention_skipped(e))
+                status = {step: (True, True)}
+            if not status.get(step, (False, False))[1]:
+                problems = self.backend.verify(step, full=False)
+                code = "C201" if self.backend.remote else "C106"
+                raise StorageError(
+                    f"{code}: checkpoint step {step} failed verification right after it was "
+                    "written: " + "; ".join(f.message for f in problems),
+                    "check the storage for silent truncation; older checkpoints were kept",
+                )
+            deleted, prune_findings = self._prune(status, protect=step)
+            return CheckpointInfo(
+                step=step,
+                location=location,
+                manifest=manifest,
+                bytes=nbytes,
+                seconds=time.perf_counter() - t0,
+                findings=findings + prune_findings,
+                deleted=deleted,
+            )
+
+    # -- retention -----------------------------------------------------------------------------
+    def _prune(
+        self, status: dict[int, tuple[bool, bool]], protect: int
+    ) -> tuple[list[int], list[Finding]]:
+        doomed = plan_retention(
+            {s: v[1] for s, v in status.items()}, self.keep, frozenset({protect})
+        )
+        deleted, findings = [], []
+        for s in doomed:
+            try:
+                self.backend.delete(s)
+                deleted.append(s)
+                if self.backend.remote and not status[s][0]:
+                    findings.append(
+                        Finding.of(
+                            "C204",
+                            f"deleted partial upload of step {s} (objects but no manifest)",
+                            step=s,
+                            where=self.backend.location(s),
+                        )
+                    )
+            except Exception as e:  # retention must never fail a save that succeeded
+                code = "C201" if self.backend.remote else "C106"
+                findings.append(
+                    Finding.of(
+                        code,
+                        f"retention could not delete step {s}: {describe(e)}",
+                        severity="warning",
+                        step=s,
+                        where=self.backend.location(s),
+                    )
+                )
+        return deleted, findings
+
+    def _retention_skipped(self, exc: BaseException) -> Finding:
+        return Finding.of(
+            "C201" if self.backend.remote else "C106",
+            f"could not list {self.root} after the save, so retention was skipped: {describe(exc)}",
+            severity="warning",
+            where=self.root,
+        )
+
+    def delete(self, step: int) -> None:
+        """Delete one step (for example checkpoints newer than a rollback target)."""
+        with self._lock:
+            self.backend.delete(step)
+
+    # -- reading -------------------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        """Committed steps (step folders holding a manifest), ascending. Not yet verified."""
+        return sorted(s for s, committed in self.backend.step_folders().items() if committed)
+
+    def verify(self, step: int) -> list[Finding]:
+        """Every finding for step `step`: manifest, then each file's size and checksum."""
+        return self.backend.verify(step, full=True)
+
+    def _try_load(self, step: int) -> tuple[LoadedCheckpoint | None, list[Finding]]:
+        path, findings, from_cache = self.backend.fetch(step)
+        if has_errors(findings):
+            return None, findings
+        manifest, problems = parse_manifest((path / MANIFEST).read_bytes(), step, str(path))
+        if manifest is None:  # changed between verification and now
+            return None, problems
+        return LoadedCheckpoint(step, path, manifest, findings, from_cache), findings
+
+    def load(self, step: int) -> LoadedCheckpoint:
+        """Step `step` as a verified local folder; CorruptError if anything does not match."""
+        loaded, findings = self._try_load(step)
+        if loaded is None:
+            raise CorruptError(
+                f"checkpoint step {step} at {self.backend.location(step)} is invalid: "
+                + "; ".join(f.message for f in findings if f.severity == "error"),
+                "load another step (load_latest falls back automatically) or restore the "
+                "folder from a copy",
+            )
+        return loaded
+
+    def load_latest(self) -> LoadedCheckpoint | None:
+        """The newest valid checkpoint; damaged newer ones become findings on the result.
+
+        None if no committed checkpoint is valid; then `last_findings` says why (C107 when
+        committed checkpoints exist but all are damaged).
+        """
+        skipped: list[Finding] = []
+        committed = self.steps()
+        for step in reversed(committed):
+            loaded, findings = self._try_load(step)
+            if loaded is None:
+                skipped += findings
+                continue
+            loaded.findings = skipped + loaded.findings
+            self.last_findings = loaded.findings
+            return loaded
+        if committed:
+            skipped.append(
+                Finding.of(
+                    "C107",
+                    f"none of the {len(committed)} committed checkpoints under {self.root} is "
+                    f"valid (steps {committed})",
+                    where=self.root,
+                )
+            )
+        self.last_findings = skipped
+        return None

@@ -1,0 +1,88 @@
+"""Load `path/to/file.py:factory` or `package.module:factory` and call the factory."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from trainguard.errors import BadInputError
+from trainguard.util.hashing import stable_u64
+
+
+class ModelTargetError(BadInputError):
+    """The check-model target cannot be loaded or does not build a model."""
+
+
+_FORMAT = "give TARGET as path/to/file.py:factory or package.module:factory"
+
+
+def _import_target_module(spec: str) -> Any:
+    path = Path(spec)
+    if spec.endswith(".py") or path.exists():
+        if not path.is_file():
+            raise ModelTargetError(f"model file {spec} does not exist", _FORMAT)
+        name = f"_trainguard_target_{stable_u64(str(path.resolve())):x}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ModelTargetError(f"cannot import {spec} as a Python file", _FORMAT)
+        module = importlib.util.module_from_spec(module_spec)
+        # Let the file import its neighbours, as `python file.py` would.
+        sys.path.insert(0, str(path.resolve().parent))
+        sys.modules[name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as e:
+            raise ModelTargetError(
+                f"importing {spec} raised {type(e).__name__}: {e}", "fix the error in that file"
+            ) from e
+        finally:
+            sys.path.remove(str(path.resolve().parent))
+        return module
+    try:
+        return importlib.import_module(spec)
+    except Exception as e:
+        raise ModelTargetError(
+            f"cannot import module {spec!r}: {type(e).__name__}: {e}",
+            f"{_FORMAT}; the module must be importable (installed or on PYTHONPATH)",
+        ) from e
+
+
+def load_model(target: str) -> nn.Module:
+    """The module built by the factory that `target` names."""
+    spec, sep, attr = target.rpartition(":")
+    if not sep or not spec or not attr:
+        raise ModelTargetError(f"model target {target!r} names no factory", _FORMAT)
+    module = _import_target_module(spec)
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise ModelTargetError(
+            f"{spec} has no callable {attr!r}",
+            f"name one of its callables: {', '.join(public[:12]) or '(none)'}",
+        )
+    try:
+        model = factory()
+    except Exception as e:
+        raise ModelTargetError(
+            f"{attr}() raised {type(e).__name__}: {e}",
+            "make the factory callable with no arguments",
+        ) from e
+    if not isinstance(model, nn.Module):
+        raise ModelTargetError(
+            f"{attr}() returned {type(model).__name__}, not a torch.nn.Module",
+            "return the model (an nn.Module mapping LongTensor [B, T] to logits)",
+        )
+    return model
+
+
+def infer_vocab_size(model: nn.Module) -> int | None:
+    """num_embeddings of the model's first nn.Embedding (the token embedding by convention)."""
+    for m in model.modules():
+        if isinstance(m, nn.Embedding):
+            return int(m.num_embeddings)
+    return None

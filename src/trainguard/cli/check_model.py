@@ -1,0 +1,81 @@
+"""`trainguard check-model TARGET [--vocab-size V] [--seq-len T] [--batch-size B] [--dtype D]
+[--json]`: causality, gradient leak, batch independence, train/serve and MoE drop checks."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from trainguard.cli.common import console, emit, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("check-model")
+    @handle_errors
+    def check_model_cmd(
+        target: Annotated[
+            str,
+            typer.Argument(
+                help="path/to/file.py:factory or package.module:factory; factory() returns an "
+                "nn.Module mapping LongTensor [B, T] to logits [B, T, V] (or a tuple whose "
+                "first item is, or an object with .logits)."
+            ),
+        ],
+        vocab_size: Annotated[
+            int | None,
+            typer.Option(help="Token ids are drawn below this; default: the first nn.Embedding."),
+        ] = None,
+        seq_len: Annotated[int, typer.Option(min=2, help="Sequence length T.")] = 128,
+        batch_size: Annotated[int, typer.Option(min=2, help="Batch size B.")] = 4,
+        dtype: Annotated[
+            str | None,
+            typer.Option(help="Also audit training in this precision: fp32, bf16 or fp16."),
+        ] = None,
+        lr: Annotated[float, typer.Option(help="Learning rate for the update audit.")] = 3e-3,
+        master_weights: Annotated[
+            str, typer.Option(help="Dtype the weights are stored in (fp32, bf16, fp16).")
+        ] = "fp32",
+        shadow_steps: Annotated[
+            int, typer.Option(min=0, help="With --dtype: shadow-run steps against float64.")
+        ] = 0,
+        seed: Annotated[int, typer.Option(help="Seed for tokens and dropout draws.")] = 0,
+        threads: Annotated[
+            int | None, typer.Option(min=1, help="torch intra-op threads (default: torch's).")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    ) -> None:
+        """Pre-flight model checks, in train and in eval mode: future-token leak, gradient leak
+        map, batch independence, train/serve consistency, MoE token drops."""
+        import torch
+
+        from trainguard.checks._model_runner import ModelCheckInputError
+        from trainguard.checks.model_checks import run_model_checks
+        from trainguard.checks.model_target import infer_vocab_size, load_model
+        from trainguard.numerics.reduction import dtype_of
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        if dtype is not None:
+            dtype_of(dtype)
+        dtype_of(master_weights)
+        model = load_model(target)
+        vocab = vocab_size or infer_vocab_size(model)
+        if vocab is None:
+            raise ModelCheckInputError(
+                "cannot infer the vocabulary size: the model has no nn.Embedding",
+                "give --vocab-size V",
+            )
+        report = run_model_checks(
+            model, vocab, seq_len, batch_size=batch_size, dtype=dtype, seed=seed, lr=lr,
+            master_weights=master_weights, shadow_steps=shadow_steps,
+        )
+        if not as_json:
+            for name, s in report.stats.items():
+                console.print(
+                    f"{name}: {s.forwards} forward, {s.backwards} backward, {s.seconds:.2f} s",
+                    markup=False,
+                )
+        extra = {k: v for k, v in report.to_dict().items() if k not in ("ok", "findings")}
+        emit(report.findings, as_json, extra={"target": target, "vocab_size": vocab, **extra},
+             title="check-model")

@@ -1,0 +1,88 @@
+"""`trainguard check-tokenizer TOKENIZER [--corpus PATH] [--checkpoint PATH] [--json]`."""
+
+from __future__ import annotations
+
+from itertools import islice
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainguard.cli.common import console, emit, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("check-tokenizer")
+    @handle_errors
+    def check_tokenizer_cmd(
+        tokenizer: Annotated[
+            Path, typer.Argument(help="A Hugging Face tokenizer.json, or a folder holding one.")
+        ],
+        corpus: Annotated[
+            str | None,
+            typer.Option(
+                help="Training text (.jsonl, .parquet, a folder, or 'stdlib') for unseen tokens "
+                "and the text round trip."
+            ),
+        ] = None,
+        text_field: Annotated[str, typer.Option(help="Text field of JSONL/Parquet.")] = "text",
+        max_docs: Annotated[int, typer.Option(min=1, help="Corpus documents to read.")] = 500,
+        eot: Annotated[str, typer.Option(help="End-of-text token.")] = "<|endoftext|>",
+        checkpoint: Annotated[
+            Path | None,
+            typer.Option(help="Trained model.safetensors: list under-trained tokens (T110)."),
+        ] = None,
+        embedding_key: Annotated[
+            str | None, typer.Option(help="Tensor name of the (vocab, dim) embedding.")
+        ] = None,
+        prepared: Annotated[
+            Path | None,
+            typer.Option(
+                help="A prepared data folder (`data prepare`): count tokens over its train "
+                "split exactly and check document framing in its packed stream."
+            ),
+        ] = None,
+        expect_bos: Annotated[bool, typer.Option(help="Documents must start with --bos.")] = False,
+        bos: Annotated[str | None, typer.Option(help="Beginning-of-sequence token.")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    ) -> None:
+        """Audit a tokenizer: vocabulary round trip, unseen tokens, whitespace merges, text
+        round trip, end-of-text handling; with --checkpoint, under-trained tokens."""
+        from trainguard.checks.tokenizer_audit import audit_tokenizer, load_tokenizer_file
+        from trainguard.checks.undertrained import load_embedding, undertrained_tokens
+        from trainguard.filters.records import iter_records
+
+        tok = load_tokenizer_file(tokenizer)
+        texts = None
+        if corpus is not None:
+            texts = [r.text for r in islice(iter_records(corpus, text_field), max_docs)]
+        counts = packed = None
+        if prepared is not None:
+            from trainguard.checks.data_preflight import token_counts
+            from trainguard.data.prepare import PreparedData
+
+            data = PreparedData.from_dir(prepared)
+            counts = token_counts(data.train, tok.get_vocab_size(with_added_tokens=True))
+            packed = data.train.tokens(0, min(int(data.train.n_tokens), 1 << 20))
+        audit = audit_tokenizer(
+            tok,
+            texts,
+            eot_token=eot,
+            max_docs=max_docs,
+            token_counts=counts,
+            packed_sample=packed,
+            expect_bos=expect_bos,
+            bos_token=bos,
+        )
+        findings, extra = audit.findings, {"stats": audit.stats}
+        if checkpoint is not None:
+            weight, key = load_embedding(checkpoint, embedding_key)
+            refs = sorted(set(audit.unreachable_ids) | set(audit.unseen_ids))
+            f_under, s_under = undertrained_tokens(weight, tok, reference_ids=refs)
+            findings = findings + f_under
+            extra["undertrained"] = {"embedding_key": key, **s_under}
+        if not as_json:
+            console.print(
+                ", ".join(f"{k}={v}" for k, v in audit.stats.items()), soft_wrap=True, markup=False
+            )
+        emit(findings, as_json, extra=extra, title="check-tokenizer")

@@ -1,0 +1,76 @@
+"""`trainguard data inspect SOURCE`: look at random samples with what each rule flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainguard.cli._groups import group
+from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.data_filter import check_disabled, filter_config
+from trainguard.util.atomic import atomic_write_text
+
+
+def register(app: typer.Typer) -> None:
+    data = group(app, "data")
+
+    @data.command("inspect")
+    @handle_errors
+    def data_inspect(
+        source: Annotated[str, typer.Argument(help=".jsonl, .parquet, a folder, or 'stdlib'.")],
+        n: Annotated[int, typer.Option("--n", min=0, help="Documents to sample.")] = 20,
+        seed: Annotated[int, typer.Option(help="Seed of the random draw.")] = 0,
+        html: Annotated[
+            Path | None, typer.Option("--html", help="Also write a self-contained HTML page.")
+        ] = None,
+        text_field: Annotated[str, typer.Option(help="Field holding the text.")] = "text",
+        disable: Annotated[
+            list[str] | None, typer.Option(help="Turn off a rule by code or name; repeat.")
+        ] = None,
+        only_flagged: Annotated[
+            bool, typer.Option(help="Sample only documents some rule flags.")
+        ] = False,
+        max_chars: Annotated[int, typer.Option(help="Characters shown per sample.")] = 1500,
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    ) -> None:
+        """Random samples with flagged spans highlighted, and per-rule counts over the source."""
+        from trainguard.filters.render import counts_table, render_html, rich_sample
+        from trainguard.filters.run import inspect_source
+
+        insp = inspect_source(
+            source,
+            n=n,
+            seed=seed,
+            text_field=text_field,
+            config=filter_config(None, None),
+            disabled=check_disabled(disable or []),
+            only_flagged=only_flagged,
+        )
+        if html is not None:
+            html.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(html, render_html(insp, source))
+        if not as_json:
+            for s in insp.samples:
+                title = f"#{s.index} {s.record.id}"
+                console.print(rich_sample(title, s.record.text, s.flags, max_chars))
+            console.print(counts_table(insp))
+            if html is not None:
+                console.print(f"HTML written to {html}")
+        extra = {
+            "total": insp.total,
+            "flagged": insp.flagged,
+            "by_code": insp.by_code,
+            "html": str(html) if html else None,
+            "samples": [
+                {
+                    "index": s.index,
+                    "id": s.record.id,
+                    "flags": [f.to_dict() for f in s.flags],
+                }
+                for s in insp.samples
+            ],
+        }
+        # Inspection reports; it does not judge: no findings, exit 0.
+        emit([], as_json, extra=extra, title="data inspect")

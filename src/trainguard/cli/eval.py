@@ -1,0 +1,99 @@
+"""`trainguard eval RUN_DIR|CHECKPOINT [--spec FILE]` and `trainguard eval lint SPEC`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from trainguard.cli.common import emit, handle_errors
+
+
+class _DefaultToRun(TyperGroup):
+    """`eval PATH ...` means `eval run PATH ...`; `eval lint SPEC` stays a subcommand.
+
+    A group callback cannot take a positional argument without swallowing the subcommand
+    name, so a first argument that names no subcommand is routed to the hidden `run`.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+eval_app = typer.Typer(
+    cls=_DefaultToRun,
+    no_args_is_help=True,
+    help="Run eval specs on a run or checkpoint (`eval RUN_DIR|CHECKPOINT`), or lint a spec "
+    "(`eval lint SPEC`).",
+)
+
+
+@eval_app.command("run", hidden=True)
+@handle_errors
+def eval_run(
+    target: Path = typer.Argument(..., help="Run dir (newest checkpoint) or checkpoint folder."),
+    spec: list[str] = typer.Option(
+        None, "--spec", help="Spec file or shipped name; repeatable. Default: the recipe's."
+    ),
+    max_examples: int | None = typer.Option(None, help="Examples per task at most."),
+    device: str = typer.Option("cpu", help="torch device."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Run the evals (and canaries) on demand."""
+    from trainguard.evals.config import EvalsConfig
+    from trainguard.evals.load import find_checkpoint, load_model_for_eval
+    from trainguard.evals.runner import run_evals
+
+    model, tokenizer, recipe = load_model_for_eval(target, device=device)
+    evals_cfg = getattr(recipe, "evals", None) or EvalsConfig()
+    specs = list(spec) if spec else list(evals_cfg.specs)
+    limit = max_examples if max_examples is not None else evals_cfg.max_examples
+    res = run_evals(
+        model, tokenizer, specs, device=device, max_examples=limit, data=recipe.data,
+        canaries=evals_cfg.canaries,
+    )
+    extra: dict[str, Any] = {
+        "checkpoint": str(find_checkpoint(target)),
+        "metrics": res.metrics,
+        "examples": res.examples,
+        "seconds": round(res.seconds, 3),
+    }
+    if not as_json:
+        from trainguard.cli.common import console
+
+        for k, v in sorted(res.metrics.items()):
+            console.print(f"{k:40s} {v:.4f}")
+    emit(res.findings, as_json, extra=extra, title="Evals")
+
+
+@eval_app.command("lint")
+@handle_errors
+def eval_lint(
+    spec: str = typer.Argument(..., help="Spec file or shipped name."),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="tokenizer.json of the recipe (token-level checks need it)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Lint an eval spec: trailing-space trap, token boundaries, BOS, choices, gold index."""
+    from trainguard.errors import BadInputError
+    from trainguard.evals.lint import lint_spec
+
+    tok = None
+    if tokenizer is not None:
+        if not tokenizer.is_file():
+            raise BadInputError(f"tokenizer {tokenizer} does not exist", "give a tokenizer.json")
+        from trainguard.data.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    findings = lint_spec(spec, tok)
+    emit(findings, as_json, extra={"spec": spec}, title="Eval lint")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(eval_app, name="eval")

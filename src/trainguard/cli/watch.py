@@ -1,0 +1,179 @@
+"""`trainguard watch METRICS`: the in-run detectors over any trainer's metric log."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from pydantic import ValidationError
+
+from trainguard.cli.common import console, emit, exit_status, findings_table, handle_errors
+from trainguard.errors import ConfigError, DataError
+from trainguard.findings import Finding, has_errors
+from trainguard.monitors.config import MonitorsConfig
+from trainguard.monitors.metrics_log import (
+    LogState,
+    choose_metrics,
+    follow_rows,
+    normalise,
+    read_rows,
+)
+from trainguard.monitors.monitor_set import MonitorSet
+
+
+def _config(assignments: list[str] | None) -> MonitorsConfig:
+    raw: dict[str, Any] = {}
+    for a in assignments or []:
+        key, eq, value = a.partition("=")
+        if not eq:
+            raise ConfigError(f"--set {a!r} has no '='", "write --set loss_spike_z=8")
+        raw[key.strip()] = yaml.safe_load(value) if value.strip() else None
+    try:
+        return MonitorsConfig.model_validate(raw)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise ConfigError(
+            f"invalid --set: {problems}",
+            f"settings: {', '.join(sorted(MonitorsConfig.model_fields))}",
+        ) from None
+
+
+def watch_log(
+    path: str | Path,
+    metrics: list[str] | None = None,
+    data_period: float | None = None,
+    config: MonitorsConfig | None = None,
+) -> tuple[list[Finding], dict[str, Any]]:
+    """Findings of every detector over a finished log, and a summary (pure: prints nothing)."""
+    state = LogState()
+    rows = []
+    for raw in read_rows(path):
+        r = normalise(raw, state)
+        if r is not None:
+            rows.append(r)
+    if not rows:
+        raise DataError(
+            f"metric log {path} has no step rows",
+            "log one row per step with a `step` key and the metrics",
+        )
+    chosen = choose_metrics(state.keys, metrics)
+    period = data_period or state.data_period
+    ms = MonitorSet(config, chosen, period)
+    findings: list[Finding] = []
+    for step, values in rows:
+        findings += ms.update(step, values)
+    findings += ms.finalize()
+    summary = {
+        "source": str(path),
+        "rows": len(rows),
+        "metrics": chosen,
+        "data_period_steps": period,
+    }
+    return findings, summary
+
+
+def _follow(
+    path: Path,
+    metrics: list[str] | None,
+    data_period: float | None,
+    config: MonitorsConfig,
+    as_json: bool,
+    idle_timeout: float | None,
+) -> None:
+    """Stream findings as they happen; end with the summary after `idle_timeout` or Ctrl-C."""
+    state = LogState()
+    ms: MonitorSet | None = None
+    findings: list[Finding] = []
+    pending: list[tuple[int, dict]] = []
+
+    def show(found: list[Finding]) -> None:
+        for f in found:
+            if as_json:
+                sys.stdout.write(json.dumps({"finding": f.to_dict()}, default=str) + "\n")
+                sys.stdout.flush()
+            else:
+                console.print(findings_table([f], title="watch"))
+        findings.extend(found)
+
+    try:
+        for raw in follow_rows(path, idle_timeout_s=idle_timeout):
+            r = normalise(raw, state)
+            if r is None:
+                continue
+            if ms is None:
+                pending.append(r)
+                ms = MonitorSet(config, choose_metrics(state.keys, metrics), None)
+                rows, pending = pending, []
+            else:
+                rows = [r]
+            ms.set_data_period(data_period or state.data_period)
+            for step, values in rows:
+                show(ms.update(step, values))
+    except KeyboardInterrupt:
+        pass
+    if ms is None:
+        raise DataError(f"metric log {path} has no step rows", "log one row per step with `step`")
+    show(ms.finalize())
+    summary = {
+        "ok": not has_errors(findings),
+        "findings": [f.to_dict() for f in findings],
+        "source": str(path),
+        "rows": state.rows,
+        "metrics": ms.metrics,
+        "data_period_steps": data_period or state.data_period,
+    }
+    if as_json:
+        sys.stdout.write(json.dumps(summary, default=str) + "\n")
+    else:
+        n_err = sum(f.severity == "error" for f in findings)
+        n_warn = sum(f.severity == "warning" for f in findings)
+        console.print(f"watch: {state.rows} rows, {n_err} errors, {n_warn} warnings")
+    raise typer.Exit(exit_status(findings))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("watch")
+    @handle_errors
+    def watch(
+        metrics_log: Path = typer.Argument(
+            ..., metavar="METRICS", help="Metric log: JSON Lines or CSV with a header."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        follow: bool = typer.Option(
+            False, "--follow", "-f", help="Tail a live log; findings are printed as they happen."
+        ),
+        metric: list[str] = typer.Option(
+            None,
+            "--metric",
+            "-m",
+            help="Metric to watch, NAME or NAME=KIND (loss, grad_norm, throughput); repeatable. "
+            "Default: the known names in the log (loss, grad_norm, tokens_per_s, ...).",
+        ),
+        data_period: float = typer.Option(
+            None,
+            "--data-period",
+            help="Known data period in steps (shard or epoch length): says whether a wave "
+            "matches it. Default: from a meta row or an epoch column.",
+        ),
+        idle_timeout: float = typer.Option(
+            None, "--idle-timeout", help="With --follow: stop after this many idle seconds."
+        ),
+        set_: list[str] = typer.Option(
+            None, "--set", help="Detector setting, e.g. --set loss_spike_z=8 (see docs)."
+        ),
+    ) -> None:
+        """Run the in-run detectors (NaN, spikes, divergence, waves, throughput) over a log."""
+        config = _config(set_)
+        if data_period is not None and data_period <= 0:
+            raise ConfigError(
+                f"--data-period {data_period} is not positive", "give the period in steps"
+            )
+        if follow:
+            _follow(metrics_log, metric or None, data_period, config, as_json, idle_timeout)
+            return
+        findings, summary = watch_log(metrics_log, metric or None, data_period, config)
+        emit(findings, as_json, extra=summary, title="watch")

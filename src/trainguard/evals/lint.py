@@ -1,0 +1,143 @@
+"""Eval template lint: the traps that turn a correct model's scores into noise.
+
+With the recipe's tokenizer (the tokens the runner will score):
+- E111 trailing-space trap: a context ending in whitespace whose continuation begins with
+  whitespace; for generation, a prompt ending in a space or tab (the model would have to
+  produce a word without the leading space it always saw);
+- E112 token boundary mismatch: encode(context) + encode(continuation) !=
+  encode(context + continuation);
+- E113 / E114 document-start token (BOS) missing or doubled;
+- E115 empty choice, answer or text; E116 duplicate choices; E117 gold index out of range.
+
+One finding per task and code, counting the examples affected and naming the first, so a
+10,000-example task with a systematic trap gives one line, not 10,000.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from trainguard.evals.runner import task_rows
+from trainguard.evals.scoring import encode_context, encode_continuation
+from trainguard.evals.spec import EvalSpec, TaskSpec, load_spec
+from trainguard.findings import Finding
+
+DOC_START = "<|endoftext|>"
+
+
+class _Collector:
+    def __init__(self, task: TaskSpec) -> None:
+        self.task = task
+        self.hits: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
+
+    def add(self, code: str, index: int, detail: str, **data: Any) -> None:
+        self.hits.setdefault(code, []).append((index, detail, data))
+
+    def findings(self, where: str) -> list[Finding]:
+        out = []
+        for code, hits in sorted(self.hits.items()):
+            index, detail, data = hits[0]
+            more = f" (and {len(hits) - 1} more examples)" if len(hits) > 1 else ""
+            out.append(
+                Finding.of(
+                    code,
+                    f"task {self.task.name!r} example {index}: {detail}{more}",
+                    where=where,
+                    metric=self.task.name,
+                    data={"examples": len(hits), "first": index, **data},
+                )
+            )
+        return out
+
+
+def _pairs(task: TaskSpec, row: dict[str, Any]) -> list[tuple[str, str]]:
+    if task.type == "multiple_choice":
+        return [(row["context"], c) for c in row["choices"]]
+    if task.type == "generation":
+        return [(row["prompt"], row["answer"])]
+    return []
+
+
+def _lint_row(col: _Collector, task: TaskSpec, i: int, row: dict[str, Any], tok, bos) -> None:
+    if task.type == "multiple_choice":
+        choices = row["choices"]
+        if any(not c for c in choices):
+            col.add("E115", i, "a choice is empty (it would always win)")
+        dupes = sorted({c for c in choices if choices.count(c) > 1})
+        if dupes:
+            col.add("E116", i, f"duplicate choices {dupes!r}")
+        gold = row["gold"]
+        if not 0 <= gold < len(choices):
+            col.add("E117", i, f"gold={gold} with {len(choices)} choices", gold=gold)
+    elif task.type == "generation":
+        if not row["answer"].strip():
+            col.add("E115", i, "the answer is empty")
+        if row["prompt"][-1:] in (" ", "\t"):
+            col.add("E111", i, f"prompt ends in whitespace: {row['prompt'][-20:]!r}")
+    elif not row["text"]:
+        col.add("E115", i, "the text is empty")
+    for context, cont in _pairs(task, row):
+        if context[-1:].isspace() and cont[:1].isspace():
+            col.add(
+                "E111", i, f"context ends and continuation starts with whitespace: "
+                f"{context[-20:]!r} + {cont[:20]!r}"
+            )
+        elif tok is not None and context and cont:
+            joint = tok.encode(context + cont, add_special_tokens=False).ids
+            split = tok.encode(context, add_special_tokens=False).ids + encode_continuation(
+                tok, cont
+            )
+            if joint != split:
+                col.add(
+                    "E112", i, f"{context[-20:]!r} | {cont[:20]!r} tokenises differently "
+                    "split and joined"
+                )
+    text = row.get("context", row.get("prompt", row.get("text", "")))
+    if bos and text.startswith(bos):
+        col.add("E114", i, f"the text itself starts with {bos!r}, which the spec also adds")
+    elif tok is not None:
+        start = tok.token_to_id(bos or DOC_START)
+        if start is None:
+            return
+        ids = encode_context(tok, bos, text)
+        lead = next((k for k, t in enumerate(ids) if t != start), len(ids))
+        if lead == 0:
+            col.add("E113", i, f"sequence does not start with {bos or DOC_START!r}")
+        elif lead > 1:
+            col.add("E114", i, f"sequence starts with {bos or DOC_START!r} {lead} times")
+
+
+def lint_spec(
+    spec: str | EvalSpec,
+    tokenizer: Tokenizer | None = None,
+    *,
+    data: Any | None = None,
+    max_examples: int | None = None,
+) -> list[Finding]:
+    """Findings for every task of a spec; token-level checks need the tokenizer."""
+    spec = load_spec(spec)
+    where = spec.path or spec.name
+    findings: list[Finding] = []
+    for task in spec.tasks:
+        col = _Collector(task)
+        for i, row in enumerate(task_rows(spec, task, data, max_examples)):
+            _lint_row(col, task, i, row, tokenizer, spec.bos)
+        findings += col.findings(where)
+    return findings
+
+
+def lint_specs(
+    specs: Sequence[str | EvalSpec],
+    tokenizer: Tokenizer | None = None,
+    *,
+    data: Any | None = None,
+    max_examples: int | None = None,
+) -> list[Finding]:
+    """Pre-flight entry point: the lint of every spec of a recipe's `evals.specs`."""
+    out: list[Finding] = []
+    for s in specs:
+        out += lint_spec(s, tokenizer, data=data, max_examples=max_examples)
+    return out

@@ -1,0 +1,177 @@
+"""Eval specs: YAML files that declare tasks over JSONL data (paths relative to the spec).
+
+    name: my_evals
+    use_case: true            # this spec measures what the model is for
+    bos: "<|endoftext|>"      # document-start token prefixed to every sequence (null: none)
+    tasks:
+      - name: capitals
+        type: multiple_choice # JSONL rows {"context": str, "choices": [str], "gold": int}
+        data: capitals.jsonl
+      - name: arithmetic
+        type: generation      # rows {"prompt": str, "answer": str}
+        data: arith.jsonl
+        match: exact          # exact | regex | contains
+        max_new_tokens: 8
+        stop: ["\\n"]
+      - name: heldout
+        type: perplexity      # rows {"text": str}
+        data: texts.jsonl
+      - name: python_next_line
+        type: multiple_choice
+        builtin: python_next_line   # generated from the recipe's validation split
+
+A shipped spec is named by its file stem in `trainguard/recipes/evals/`.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainguard.errors import BadInputError
+
+
+class EvalSpecError(BadInputError):
+    """An eval spec or its data is missing or malformed."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class TaskSpec(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Task name; metrics are logged as `<name>/<metric>`."""
+    type: Literal["multiple_choice", "generation", "perplexity"]
+    """multiple_choice: log-likelihood of each choice; generation: greedy decoding matched
+    against the answer; perplexity: bits per byte of held-out texts."""
+    data: str | None = None
+    """JSONL file, relative to the spec file."""
+    builtin: str | None = None
+    """Name of a generated task instead of `data` (see `trainguard.evals.builtin`)."""
+    match: Literal["exact", "regex", "contains"] = "exact"
+    """generation: how the output is compared with `answer` (after stripping whitespace)."""
+    max_new_tokens: int = Field(32, ge=1, le=1024)
+    """generation: tokens decoded at most."""
+    stop: list[str] = Field(default_factory=lambda: ["\n"])
+    """generation: decoding stops at the first of these strings."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """builtin: its parameters (e.g. n_examples, n_choices, seed)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TaskSpec:
+        if (self.data is None) == (self.builtin is None):
+            raise ValueError(f"task {self.name!r} needs exactly one of `data` or `builtin`")
+        return self
+
+
+class EvalSpec(_Model):
+    name: str
+    """Spec name."""
+    description: str = ""
+    """What it measures."""
+    use_case: bool = False
+    """True when this spec measures the task the model is trained for (evaluation first)."""
+    bos: str | None = "<|endoftext|>"
+    """Document-start token prefixed to every scored sequence; trainguard trains with
+    documents separated by `<|endoftext|>`, so that is what a document start looks like."""
+    tasks: list[TaskSpec] = Field(min_length=1)
+    """The tasks."""
+    path: str | None = Field(None, exclude=True)
+    """Where the spec was read from (set by the loader)."""
+
+
+def shipped_specs() -> list[str]:
+    folder = resources.files("trainguard") / "recipes" / "evals"
+    if not folder.is_dir():
+        return []
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _spec_path(name_or_path: str | Path) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise EvalSpecError(
+                f"eval spec {p} does not exist",
+                f"give a spec file or one of the shipped specs {shipped_specs()}",
+            )
+        return p
+    res = resources.files("trainguard") / "recipes" / "evals" / f"{name_or_path}.yaml"
+    if not res.is_file():
+        raise EvalSpecError(
+            f"unknown eval spec {name_or_path!r}",
+            f"use a spec file path or one of the shipped specs {shipped_specs()}",
+        )
+    return Path(str(res))
+
+
+def load_spec(name_or_path: str | Path | EvalSpec) -> EvalSpec:
+    """A validated spec by shipped name or path; EvalSpec objects pass through."""
+    if isinstance(name_or_path, EvalSpec):
+        return name_or_path
+    path = _spec_path(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise EvalSpecError(f"eval spec {path} is not valid YAML: {e}", "fix the YAML") from e
+    if not isinstance(raw, dict):
+        raise EvalSpecError(f"eval spec {path} must be a mapping", "see trainguard.evals.spec")
+    try:
+        spec = EvalSpec.model_validate(raw)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc'])) or '(spec)'}: {err['msg']}" for err in e.errors()
+        )
+        raise EvalSpecError(
+            f"invalid eval spec {path}: {problems}",
+            "fields: name, description, use_case, bos, tasks[name, type, data|builtin, match, "
+            "max_new_tokens, stop, options]",
+        ) from None
+    spec.path = str(path.resolve())
+    return spec
+
+
+_REQUIRED = {
+    "multiple_choice": {"context": str, "choices": list, "gold": int},
+    "generation": {"prompt": str, "answer": str},
+    "perplexity": {"text": str},
+}
+
+
+def read_task_data(spec: EvalSpec, task: TaskSpec) -> list[dict[str, Any]]:
+    """The task's JSONL rows, checked for the fields its type needs."""
+    assert task.data is not None
+    base = Path(spec.path).parent if spec.path else Path.cwd()
+    path = (base / task.data).resolve()
+    if not path.is_file():
+        raise EvalSpecError(
+            f"task {task.name!r}: data file {path} does not exist",
+            "give `data` relative to the spec file",
+        )
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EvalSpecError(
+                    f"{path} line {i} is not JSON: {e}", "one JSON object per line"
+                ) from None
+            for key, typ in _REQUIRED[task.type].items():
+                if not isinstance(row, dict) or not isinstance(row.get(key), typ):
+                    raise EvalSpecError(
+                        f"{path} line {i}: {task.type} rows need {key!r} of type {typ.__name__}",
+                        f"rows look like {json.dumps({k: t.__name__ for k, t in _REQUIRED[task.type].items()})}",
+                    )
+            rows.append(row)
+    if not rows:
+        raise EvalSpecError(f"{path} holds no examples", "add at least one JSONL row")
+    return rows

@@ -1,0 +1,366 @@
+"""`Guard`: the in-run detectors and their actions in any PyTorch loop.
+
+    guard = trainguard.Guard(run_dir="runs/x")
+    for step, batch in enumerate(loader):
+        loss = model(batch); loss.backward()
+        decision = guard.step(step, loss=loss, model=model, optimizer=optimizer)
+        if decision.action == "apply":
+            optimizer.step()          # only after the guard saw this update
+        elif decision.action == "rollback":
+            ...                       # restore the last good checkpoint, skip decision.bad_steps
+        elif decision.action == "halt":
+            decision.raise_if_halt()
+        optimizer.zero_grad()
+
+Call `guard.step` BEFORE `optimizer.step()`: a non-finite or spiking update is then never
+applied. The action for each finding code is configurable (`actions={"R102": "apply"}`);
+the strongest action among the step's findings wins (halt > rollback > skip > apply).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+import trainguard.codes.run  # noqa: F401  (registers the R codes the guard emits)
+from trainguard.errors import ConfigError, RunHalted
+from trainguard.findings import Finding
+from trainguard.monitors.config import MonitorsConfig
+from trainguard.monitors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
+
+Action = Literal["apply", "skip", "rollback", "halt"]
+ACTIONS: tuple[str, ...] = ("apply", "skip", "rollback", "halt")
+_STRENGTH = {a: i for i, a in enumerate(ACTIONS)}
+
+DEFAULT_ACTIONS: dict[str, Action] = {
+    "R101": "skip",  # non-finite loss / grad norm
+    "R102": "skip",  # loss spike
+    "R103": "skip",  # grad-norm spike
+    "R104": "rollback",  # divergence
+    "R105": "apply",  # oscillation: a data-order problem, nothing to undo in-run
+    "R106": "apply",  # throughput drop: report only
+    "R204": "rollback",  # repeated bad steps
+}
+
+
+class GuardsConfig(MonitorsConfig):
+    """The recipe's `guards` section: detector thresholds, actions, limits, the hang watchdog."""
+
+    enabled: bool = True
+    """Run the detectors and act on them. Off: every step is applied and nothing is checked."""
+    actions: dict[str, Action] = Field(default_factory=dict)
+    """Action per finding code, over the defaults R101/R102/R103 skip, R104 rollback,
+    R105/R106 apply, R204 rollback. Actions: apply, skip, rollback, halt."""
+    max_rollbacks: int = Field(3, ge=0)
+    """Rollbacks allowed in one run; one more halts it with R203."""
+    repeat_count: int = Field(3, ge=1)
+    """Skipped steps within `repeat_window` steps that escalate to R204 (a rollback)."""
+    repeat_window: int = Field(50, ge=1)
+    """Steps over which skipped steps are counted for `repeat_count`."""
+    rerun_on: list[str] = Field(default_factory=lambda: ["R101", "R102", "R103"])
+    """Codes whose finding asks the loop to rerun the step to classify hardware vs software."""
+    rerun_rtol: float = Field(0.0, ge=0.0)
+    """Relative tolerance of the rerun comparison; 0 assumes deterministic kernels (CPU)."""
+    hang_floor_s: float = Field(300.0, gt=0.0)
+    """The hang watchdog's timeout never goes below this many seconds."""
+    hang_factor: float = Field(5.0, ge=1.0)
+    """Hang timeout: the larger of the floor and this multiple of the median recent step time."""
+    hang_window: int = Field(32, ge=1)
+    """Recent step times the hang timeout is learned from."""
+
+    @field_validator("actions")
+    @classmethod
+    def _known_codes(cls, v: dict[str, Action]) -> dict[str, Action]:
+        for code in v:
+            if not re.fullmatch(r"R\d{3}", code):
+                raise ValueError(f"guards.actions key {code!r} is not a run code (R101..R299)")
+        return v
+
+
+@dataclass
+class Decision:
+    """What the loop must do with this step's update, and why."""
+
+    step: int
+    action: Action = "apply"
+    findings: list[Finding] = field(default_factory=list)
+    rerun: bool = False
+    """Recompute this step from the same state and batch, then call `guard.classify_rerun`."""
+    bad_steps: list[int] = field(default_factory=list)
+    """With a rollback: the steps whose batches the replay must skip."""
+
+    @property
+    def apply(self) -> bool:
+        return self.action == "apply"
+
+    def raise_if_halt(self) -> None:
+        if self.action == "halt":
+            why = "; ".join(str(f) for f in self.findings if f.severity != "info")
+            raise RunHalted(
+                f"the guard halted the run at step {self.step}: {why}",
+                fix="read the findings above and the metrics log, then resume from the last "
+                "checkpoint with a lower learning rate or the bad batches skipped",
+            )
+
+
+def _to_float(x: Any) -> float | None:
+    if x is None:
+        return None
+    if hasattr(x, "detach"):
+        return float(x.detach().float().cpu().item())  # deliberate host sync: one per metric
+    return float(x)
+
+
+def grad_norm_of(model: Any) -> float:
+    """The global L2 norm of the model's gradients (parameters without gradients ignored)."""
+    import torch
+
+    norms = [p.grad.detach().float().norm(2) for p in model.parameters() if p.grad is not None]
+    if not norms:
+        return 0.0
+    return float(torch.linalg.vector_norm(torch.stack(norms), 2).item())  # deliberate host sync
+
+
+class Guard:
+    """Runs the detectors every step and turns their findings into an action."""
+
+    def __init__(
+        self,
+        run_dir: str | Path | None = None,
+        actions: dict[str, Action] | None = None,
+        config: GuardsConfig | None = None,
+        metrics: dict[str, MetricKind] | None = None,
+        data_period: float | None = None,
+    ) -> None:
+        self.config = config or GuardsConfig()
+        self.actions: dict[str, Action] = {**DEFAULT_ACTIONS, **self.config.actions}
+        for code, act in (actions or {}).items():
+            if act not in ACTIONS:
+                raise ConfigError(f"action {act!r} for {code}", f"use one of {ACTIONS}")
+            self.actions[code] = act
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.monitors = MonitorSet(self.config, metrics or DEFAULT_METRICS, data_period)
+        self.rollbacks = 0
+        self.skipped = 0
+        self.recent_bad: deque[int] = deque()
+        self.history: list[dict[str, Any]] = []  # actions taken: auditable skip/rollback record
+
+    # --- the per-step call -------------------------------------------------------------------
+    def step(
+        self,
+        step: int,
+        loss: Any = None,
+        grad_norm: Any = None,
+        tokens_per_s: float | None = None,
+        model: Any = None,
+        optimizer: Any = None,
+        **metrics: Any,
+    ) -> Decision:
+        """Score this step's metrics; call before `optimizer.step()`.
+
+        `loss`/`grad_norm` may be tensors (one host sync each). Without `grad_norm`, it is
+        computed from `model`'s gradients. With `optimizer`, gradients are cleared when the
+        update must not be applied, so even an unconditional `optimizer.step()` changes
+        nothing (torch optimizers skip parameters without gradients).
+        """
+        if not self.config.enabled:
+            return Decision(step)
+        if grad_norm is None and model is not None:
+            grad_norm = grad_norm_of(model)
+        values: dict[str, float | None] = {
+            "loss": _to_float(loss),
+            "grad_norm": _to_float(grad_norm),
+            "tokens_per_s": _to_float(tokens_per_s),
+        }
+        for k, v in metrics.items():
+            values[k] = _to_float(v)
+        found = self.monitors.update(step, values)
+        decision = self._decide(step, found) if found else Decision(step)
+        if decision.action != "apply" and optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        if decision.findings and self.run_dir is not None:
+            self._log(decision)
+        return decision
+
+    def _decide(self, step: int, found: list[Finding]) -> Decision:
+        c = self.config
+        action: Action = "apply"
+        for f in found:
+            a = self.actions.get(f.code, "apply")
+            if _STRENGTH[a] > _STRENGTH[action]:
+                action = a
+        d = Decision(step, action, list(found))
+        d.rerun = action != "apply" and any(f.code in c.rerun_on for f in found)
+        if action == "skip":
+            self.recent_bad.append(step)
+        while self.recent_bad and self.recent_bad[0] <= step - c.repeat_window:
+            self.recent_bad.popleft()
+        if action == "skip" and len(self.recent_bad) >= c.repeat_count:
+            d.findings.append(
+                Finding.of(
+                    "R204",
+                    f"{len(self.recent_bad)} bad steps within {c.repeat_window} steps "
+                    f"(steps {list(self.recent_bad)})",
+                    step=step,
+                    data={"steps": list(self.recent_bad)},
+                )
+            )
+            a = self.actions.get("R204", "rollback")
+            if _STRENGTH[a] > _STRENGTH[action]:
+                action = a
+        if action == "rollback" and self.rollbacks >= c.max_rollbacks:
+            action = "halt"
+            d.findings.append(
+                Finding.of(
+                    "R203",
+                    f"a rollback was needed at step {step} but the run already rolled back "
+                    f"{self.rollbacks} times (max_rollbacks={c.max_rollbacks})",
+                    step=step,
+                    data={"rollbacks": self.rollbacks, "max_rollbacks": c.max_rollbacks},
+                )
+            )
+        elif action == "halt":
+            codes = sorted({f.code for f in found if self.actions.get(f.code) == "halt"})
+            d.findings.append(
+                Finding.of("R203", f"findings {codes} are configured to halt the run", step=step)
+            )
+        elif action == "rollback":
+            self.rollbacks += 1
+            bad = sorted({*self.recent_bad, step, *self._divergent_steps(found, step)})
+            d.bad_steps = bad
+            self.recent_bad.clear()
+            d.findings.append(
+                Finding.of(
+                    "R202",
+                    f"roll back to the last good checkpoint and skip the batches of steps {bad} "
+                    f"(rollback {self.rollbacks} of at most {c.max_rollbacks})",
+                    step=step,
+                    data={"bad_steps": bad, "rollbacks": self.rollbacks},
+                )
+            )
+        elif action == "skip":
+            self.skipped += 1
+            d.findings.append(
+                Finding.of(
+                    "R201",
+                    f"update of step {step} not applied ({', '.join(f.code for f in found)})",
+                    step=step,
+                    data={"codes": [f.code for f in found]},
+                )
+            )
+        d.action = action
+        if action != "apply":
+            self.history.append({"step": step, "action": action, "bad_steps": d.bad_steps})
+        return d
+
+    @staticmethod
+    def _divergent_steps(found: list[Finding], step: int) -> list[int]:
+        for f in found:
+            if f.code == "R104" and f.data.get("since_step") is not None:
+                return list(range(int(f.data["since_step"]), step + 1))
+        return []
+
+    # --- rerun to classify ---------------------------------------------------------------------
+    def classify_rerun(self, first: Any, second: Any, step: int | None = None) -> Finding:
+        return classify_rerun(first, second, rtol=self.config.rerun_rtol, step=step)
+
+    # --- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "monitors": self.monitors.state_dict(),
+            "rollbacks": self.rollbacks,
+            "skipped": self.skipped,
+            "recent_bad": list(self.recent_bad),
+            "history": list(self.history),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: restore the windows and the action counters."""
+        self.monitors.load_state_dict(state.get("monitors", {}))
+        self.rollbacks = int(state.get("rollbacks", 0))
+        self.skipped = int(state.get("skipped", 0))
+        self.recent_bad = deque(int(s) for s in state.get("recent_bad", []))
+        self.history = list(state.get("history", []))
+
+    def after_rollback(self, checkpoint_state: dict[str, Any] | None) -> None:
+        """The loop restored a checkpoint: take its monitor windows, keep the action counters.
+
+        The counters must survive, or the rollback limit could never be reached.
+        """
+        if checkpoint_state and "monitors" in checkpoint_state:
+            fresh = MonitorSet(self.monitors.config, self.monitors.metrics)
+            fresh.set_data_period(self._data_period())
+            fresh.load_state_dict(checkpoint_state["monitors"])
+            self.monitors = fresh
+        self.recent_bad.clear()
+
+    def _data_period(self) -> float | None:
+        from trainguard.monitors.oscillation import OscillationDetector
+
+        for m in self.monitors.monitors.values():
+            if isinstance(m, OscillationDetector):
+                return m.data_period
+        return None
+
+    def _log(self, decision: Decision) -> None:
+        assert self.run_dir is not None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "guard.jsonl", "a", encoding="utf-8") as fh:
+            for f in decision.findings:
+                fh.write(json.dumps({"kind": "finding", **f.to_dict()}, default=str) + "\n")
+
+
+def _as_array(x: Any):
+    import numpy as np
+
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    elif isinstance(x, dict):
+        return np.concatenate([_as_array(x[k]).ravel() for k in sorted(x)])
+    elif isinstance(x, list | tuple):
+        return np.concatenate([_as_array(v).ravel() for v in x]) if x else np.zeros(0)
+    return np.asarray(x, dtype=np.float64)
+
+
+def classify_rerun(first: Any, second: Any, rtol: float = 0.0, step: int | None = None) -> Finding:
+    """R205 (hardware) if a recomputation of the same step differs from the first, else R206.
+
+    `first`/`second` are what the step produced each time: a loss, a gradient norm, tensors, or
+    lists/dicts of them. NaNs in the same places count as the same result.
+    """
+    import numpy as np
+
+    a, b = _as_array(first).astype(np.float64).ravel(), _as_array(second).astype(np.float64).ravel()
+    if a.shape != b.shape:
+        raise ValueError(f"rerun results differ in size: {a.shape} vs {b.shape}")
+    same = bool(np.allclose(a, b, rtol=rtol, atol=0.0, equal_nan=True))
+    both = np.isfinite(a) & np.isfinite(b)
+    max_diff = float(np.max(np.abs(a[both] - b[both]))) if both.any() else 0.0
+    data = {
+        "cause": "deterministic" if same else "hardware",
+        "max_abs_diff": max_diff if math.isfinite(max_diff) else None,
+        "values": int(a.size),
+        "rtol": rtol,
+    }
+    if same:
+        return Finding.of(
+            "R206",
+            "the rerun of the step gave the same result: a data or software fault, not hardware",
+            step=step,
+            data=data,
+        )
+    return Finding.of(
+        "R205",
+        f"the rerun of the step differs from the first run (max abs difference {max_diff:.3g}): "
+        "suspect silent data corruption on this machine",
+        step=step,
+        data=data,
+    )

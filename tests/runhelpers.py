@@ -1,0 +1,49 @@
+"""Helpers shared by test modules: the tiny recipe and running the CLI in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def tiny_recipe_dict(corpus: Path, cache: Path) -> dict:
+    return {
+        "name": "tiny",
+        "data": {
+            "source": str(corpus),
+            "seq_len": 32,
+            "val_fraction": 0.1,
+            "cache_dir": str(cache),
+        },
+        "tokenizer": {"vocab_size": 512},
+        "model": {"n_layers": 2, "d_model": 64, "n_heads": 2},
+        "train": {
+            "max_steps": 12,
+            "batch_size": 8,
+            "lr": 3e-3,
+            "warmup_steps": 2,
+            "eval_interval": 6,
+            "eval_batches": 2,
+            "threads": 1,
+        },
+        "checkpoint": {"interval": 4, "keep": 3},
+        "preflight": {"enabled": False},
+    }
+
+
+def run_cli(
+    *args: str, env: dict | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """Run `python -m trainguard ARGS` in a fresh process, as a user would."""
+    full_env = {**os.environ, "CI": "1", **(env or {})}
+    full_env.pop("TRAINGUARD_INJECT", None)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "trainguard", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
