@@ -76,19 +76,30 @@ def timed(fn) -> float:
 def bench_local(files: dict[str, bytes], repeats: int, base: Path) -> list[tuple]:
     mb = sum(len(d) for d in files.values()) / 2**20
     store = CheckpointStore(str(base / "store"), keep=2)
-    save_t, raw_t, load_t, read_t = [], [], [], []
-    for i in range(repeats):  # interleaved, so drift in machine load hits both alike
-        save_t.append(timed(lambda i=i: store.save(i, writer(files))))
+    unpruned = CheckpointStore(str(base / "unpruned"), keep=repeats + 1)  # retention deletes none
+    save_t, nodel_t, raw_t, load_t, read_t = [], [], [], [], []
+    for i in range(repeats):
+        # Interleaved, and the order rotates each round, so drift in machine load and in the
+        # disk's writeback state hits every variant alike.
         raw_dir = base / f"raw-{i}"
-        raw_t.append(timed(lambda d=raw_dir: raw_write(d, files)))
+        jobs = [
+            (save_t, lambda i=i: store.save(i, writer(files))),
+            (nodel_t, lambda i=i: unpruned.save(i, writer(files))),
+            (raw_t, lambda d=raw_dir: raw_write(d, files)),
+        ]
+        for out, job in jobs[i % 3 :] + jobs[: i % 3]:
+            out.append(timed(job))
         shutil.rmtree(raw_dir)
         load_t.append(timed(store.load_latest))
         raw_write(base / "raw-read", files)
         read_t.append(timed(lambda: raw_read(base / "raw-read", files)))
+    shutil.rmtree(base / "unpruned")
     s, r = statistics.median(save_t), statistics.median(raw_t)
+    nd = statistics.median(nodel_t)
     lo, rd = statistics.median(load_t), statistics.median(read_t)
     return [
-        ("local save (checksum+manifest+fsync+rename)", s, mb / s, "raw write+fsync", r, mb / r),
+        ("local save, keep=2 (deletes the oldest step)", s, mb / s, "raw write+fsync", r, mb / r),
+        ("local save, nothing to delete", nd, mb / nd, "raw write+fsync", r, mb / r),
         ("restore: load_latest (verify all)", lo, mb / lo, "raw sequential read", rd, mb / rd),
     ]
 

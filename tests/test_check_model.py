@@ -12,6 +12,7 @@ from torch import nn
 import model_zoo
 from trainguard.checks._model_runner import ModelCheckInputError, cut_points, extract_logits
 from trainguard.checks.model_checks import run_model_checks
+from trainguard.checks.model_target import ModelTargetError, load_model
 from trainguard.findings import Finding
 
 VOCAB = 50
@@ -65,7 +66,8 @@ def test_future_leak_reports_cuts_positions_and_size() -> None:
     assert leak.data["max_change"] > 0
     (grad,) = [f for f in report.findings if f.code == "M102"]
     assert grad.data["later_positions_feeding_prefix"]["5"] == "5"
-    assert grad.data["feeding_map"]["4"] == "5"  # exactly t+1 feeds t
+    fmap = grad.data["feeding_map"]
+    assert fmap and all(later == str(int(t) + 1) for t, later in fmap.items())  # t+1 feeds t
 
 
 def test_batch_stats_leak_only_in_train_mode() -> None:
@@ -200,9 +202,20 @@ def test_cli_leaky_model_exit_1() -> None:
         ("{zoo}:no_such_factory", "no callable"),
         ("{zoo}", "names no factory"),
         ("trainguard_no_such_pkg.mod:f", "cannot import"),
+        ("{zoo}:make", "raised TypeError"),
+        ("json:dumps", "raised TypeError"),
     ],
 )
-def test_cli_bad_target_exit_2(target: str, needle: str) -> None:
-    res = run_cli("check-model", target.format(zoo=model_zoo.__file__), "--json")
+def test_bad_targets_raise_bad_input(target: str, needle: str) -> None:
+    with pytest.raises(ModelTargetError, match=needle):
+        load_model(target.format(zoo=model_zoo.__file__))
+
+
+def test_module_target_loads() -> None:
+    assert isinstance(load_model("model_zoo:factory"), nn.Module)
+
+
+def test_cli_bad_target_exit_2() -> None:
+    res = run_cli("check-model", f"{model_zoo.__file__}:no_such_factory", "--json")
     assert res.returncode == 2
-    assert needle in res.stderr and "fix:" in res.stderr
+    assert "no callable" in res.stderr and "fix:" in res.stderr

@@ -101,6 +101,11 @@ def test_lossy_normaliser_breaks_round_trip():
     assert findings[0].severity == "error" and findings[0].data["failures"] == 1
 
 
+def test_invalid_unicode_documents_are_skipped_not_fatal():
+    audit = audit_tokenizer(clean_tok(), [*CORPUS, "caf\udce9"])
+    assert audit.findings == [] and audit.stats["corpus_docs_skipped_invalid"] == 1
+
+
 def test_missing_or_injectable_end_of_text():
     assert codes(check_tokenizer(byte_bpe([("h", "e")], eot=False))) == {"T106"}
     assert check_tokenizer(byte_bpe([("h", "e")], eot=False), eot_token=None) == []

@@ -22,19 +22,23 @@ STEPS = 100
 def train_embedding(vocab: int, used: int, dim: int) -> torch.Tensor:
     """A tied embedding trained on a stream that never contains tokens used..vocab-1."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: threads only add contention
-    emb = torch.nn.Parameter(torch.randn(vocab, dim) * 0.02)
-    mix = torch.nn.Linear(dim, dim)
-    opt = torch.optim.AdamW([emb, *mix.parameters()], lr=3e-2, weight_decay=0.0)
-    successor = torch.randint(0, used, (used,))
-    for _ in range(STEPS):
-        x = torch.randint(0, used, (256,))
-        y = (successor[x] + torch.randint(0, 3, (256,))) % used
-        logits = torch.tanh(mix(emb[x])) @ emb.T  # (B, V): tied unembedding
-        loss = torch.nn.functional.cross_entropy(logits, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    try:
+        emb = torch.nn.Parameter(torch.randn(vocab, dim) * 0.02)
+        mix = torch.nn.Linear(dim, dim)
+        opt = torch.optim.AdamW([emb, *mix.parameters()], lr=3e-2, weight_decay=0.0)
+        successor = torch.randint(0, used, (used,))
+        for _ in range(STEPS):
+            x = torch.randint(0, used, (256,))
+            y = (successor[x] + torch.randint(0, 3, (256,))) % used
+            logits = torch.tanh(mix(emb[x])) @ emb.T  # (B, V): tied unembedding
+            loss = torch.nn.functional.cross_entropy(logits, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)  # leave the session's setting as it was
     return emb.detach()
 
 

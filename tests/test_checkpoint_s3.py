@@ -148,6 +148,25 @@ def test_round_trip_and_retention(endpoint: str, url: str, tmp_path: Path) -> No
     assert loaded.step == 3 and not loaded.from_cache and loaded.manifest["meta"] == {"s": 3}
     assert (loaded.path / "model.safetensors").read_bytes() == writes[3].model
     assert str(loaded.path).startswith(str(tmp_path / "b"))
+    # Saved again after a rollback: the old objects are replaced, never mixed with the new.
+    store.save(3, payload(30, size=5000))
+    assert store.steps() == [2, 3] and store.verify(3) == []
+    again = other.load(3)
+    assert (again.path / "model.safetensors").read_bytes() == payload(30, size=5000).model
+
+
+def test_missing_bucket_is_a_clear_storage_error(endpoint: str, tmp_path: Path) -> None:
+    store = CheckpointStore(
+        "s3://no-such-bucket-tg/run",
+        cache_dir=str(tmp_path / "c"),
+        storage_options=storage_options(endpoint),
+        retry=RetryPolicy(attempts=3, **FAST),
+    )
+    assert store.steps() == [] and store.load_latest() is None
+    with pytest.raises(StorageError) as e:
+        store.save(1, payload(1))
+    assert "C201" in e.value.message and "no-such-bucket-tg" in e.value.message
+    assert "bucket" in e.value.fix
 
 
 def test_interrupted_upload_before_manifest_is_never_loaded(

@@ -180,6 +180,9 @@ def test_bad_input_is_rejected_with_a_fix(tmp_path):
             dedup_file(src, tmp_path / "o.jsonl", params=DedupParams(threshold=t))
     with pytest.raises(BadInputError, match="names parquet"):
         dedup_file(src, tmp_path / "o.parquet")
+    (tmp_path / "folder.jsonl").mkdir()
+    with pytest.raises(BadInputError, match="is a folder"):
+        dedup_file(src, tmp_path / "folder.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n\n{"body": "no text"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:3: no string field 'text'") as e:

@@ -116,8 +116,15 @@ def test_generation_match_modes(tmp_path, tok, trained):
     assert exact == 0.5  # "cherries" matches exactly, "ban" is only a prefix of "bananas"
     spec = _write_spec(
         tmp_path,
-        [{"name": "g", "type": "generation", "rows": [{"prompt": "bob likes", "answer": r"^ ?ban+anas$"}],
-          "match": "regex", "stop": ["."]}],
+        [
+            {
+                "name": "g",
+                "type": "generation",
+                "rows": [{"prompt": "bob likes", "answer": r"^ ?ban+anas$"}],
+                "match": "regex",
+                "stop": ["."],
+            }
+        ],
     )
     assert run_evals(trained, tok, [str(spec)]).metrics["g/acc"] == 1.0
 
@@ -157,12 +164,16 @@ def test_canaries(tok, trained):
 
 
 def test_spec_errors_name_the_problem(tmp_path):
-    (tmp_path / "bad.yaml").write_text("name: x\ntasks:\n  - {name: a, type: essay, data: a.jsonl}\n")
+    (tmp_path / "bad.yaml").write_text(
+        "name: x\ntasks:\n  - {name: a, type: essay, data: a.jsonl}\n"
+    )
     with pytest.raises(EvalSpecError, match="tasks.0.type"):
         load_spec(tmp_path / "bad.yaml")
     with pytest.raises(EvalSpecError, match="unknown eval spec"):
         load_spec("no_such_spec")
-    spec = _write_spec(tmp_path, [{"name": "m", "type": "multiple_choice", "rows": [{"context": "a"}]}])
+    spec = _write_spec(
+        tmp_path, [{"name": "m", "type": "multiple_choice", "rows": [{"context": "a"}]}]
+    )
     with pytest.raises(EvalSpecError, match="'choices'"):
         run_evals(torch.nn.Identity(), None, [str(spec)])
 
@@ -208,3 +219,51 @@ def test_drift_bits_per_byte_and_degenerate_input():
     assert mon.update(3, {"x/acc": float("nan"), "x/n": 10.0, "y/acc": 0.5}) == []
     # Small counts use Fisher's exact test: 3/4 -> 1/4 is not significant.
     assert proportion_drop_pvalue(3, 4, 1, 4) > 0.05
+
+
+def _fake_run_dir(tmp_path, tok, model):
+    """A run dir laid out as trainguard writes it: tokenizer, recipe, checkpoints/step-N/."""
+    from safetensors.torch import save_model
+
+    from trainguard.config.load import recipe_to_dict, validate_recipe
+    from trainguard.data.tokenizer import save_tokenizer
+
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "step-200"
+    ckpt.mkdir(parents=True)
+    save_tokenizer(tok, run / "tokenizer.json")
+    recipe = validate_recipe(
+        {"model": {"n_layers": 1, "d_model": 32, "n_heads": 2}, "data": {"seq_len": SEQ}}
+    )
+    text = yaml.safe_dump(recipe_to_dict(recipe))
+    (run / "recipe.yaml").write_text(text)
+    (ckpt / "recipe.yaml").write_text(text)
+    save_model(model, str(ckpt / "model.safetensors"))
+    (ckpt / "manifest.json").write_text("{}")
+    # An interrupted save (no manifest) at a later step must be ignored.
+    (run / "checkpoints" / "step-300").mkdir()
+    return run, ckpt
+
+
+def test_load_model_for_eval_and_cli(tmp_path, tok, trained):
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+    from trainguard.evals.load import load_model_for_eval
+
+    run, ckpt = _fake_run_dir(tmp_path, tok, trained)
+    model, tok2, recipe = load_model_for_eval(run)
+    x = torch.tensor([tok.encode("alice likes apples.").ids])
+    with torch.no_grad():
+        assert torch.equal(model(x), trained(x))
+    assert tok2.to_str() == tok.to_str() and recipe.data.seq_len == SEQ
+    spec = _spec(tmp_path)
+    cli = CliRunner()
+    for target in (run, ckpt):
+        res = cli.invoke(app, ["eval", str(target), "--spec", str(spec), "--json"])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert out["ok"] and out["metrics"]["mc/acc"] == 1.0
+        assert out["checkpoint"] == str(ckpt)
+    res = cli.invoke(app, ["eval", str(tmp_path / "missing"), "--json"])
+    assert res.exit_code == 2

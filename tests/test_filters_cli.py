@@ -111,6 +111,28 @@ def test_bad_inputs_exit_2(tmp_path):
     src.write_text(json.dumps({"text": CLEAN}) + "\n")
     res = run(str(src), "--out", str(tmp_path / "o.jsonl"), "--disable", "D999")
     assert res.exit_code == 2 and "D999" in res.output
+    res = run(str(src), "--out", str(src))
+    assert res.exit_code == 2 and "overwrite" in res.output
     src.write_text("{not json\n")
-    res = run(str(src), "--out", str(tmp_path / "o.jsonl"))
+    res = run(str(src), "--out", str(tmp_path / "bad.jsonl"))
     assert res.exit_code == 2 and "not valid JSON" in res.output
+    assert not (tmp_path / "bad.jsonl").exists()  # no half-written output left behind
+    assert not list(tmp_path.glob(".bad*"))
+
+
+def test_folder_source_and_escaped_lone_surrogate(tmp_path):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text(CLEAN)
+    (folder / "b.txt").write_text(PLANTED["D232"])
+    res = run(str(folder), "--out", str(tmp_path / "out"), "--json")
+    assert res.exit_code == 0, res.output
+    kept = [json.loads(x) for x in (tmp_path / "out" / "kept.jsonl").read_text().splitlines()]
+    assert kept == [{"id": "a.txt", "text": CLEAN}]
+    # A JSON "\ud800" escape is a lone surrogate: flagged, and written back as an escape.
+    src = tmp_path / "s.jsonl"
+    src.write_text('{"id": "s", "text": "' + CLEAN.replace("\n", " ") + ' \\ud800"}\n')
+    res = run(str(src), "--out", str(tmp_path / "s_out.jsonl"), "--json")
+    assert json.loads(res.stdout)["by_code"] == {"D230": 1}
+    line = (tmp_path / "s_out.rejected.jsonl").read_text()
+    assert "\\ud800" in line and json.loads(line)["_reject_codes"] == ["D230"]

@@ -1,2 +1,30 @@
-"""trainguard: keeps LLM training runs from failing silently."""
+"""trainguard: keeps LLM training runs from failing silently.
+
+The public objects load lazily so that `import trainguard` stays cheap for the CLI.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Guard": "trainguard.guard",
+    "GuardsConfig": "trainguard.guard",
+    "Decision": "trainguard.guard",
+    "Watchdog": "trainguard.monitors.watchdog",
+    "Finding": "trainguard.findings",
+    "run_recipe": "trainguard.train.run",
+    "load_recipe": "trainguard.config.load",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trainguard' has no attribute {name!r}")

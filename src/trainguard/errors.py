@@ -59,3 +59,9 @@ def exit_status_for(exc: BaseException) -> int:
     if isinstance(exc, TrainguardError):
         return exc.exit_status
     return EXIT_BAD_INPUT
+
+
+class PreflightFailed(TrainguardError):
+    """A pre-flight check found an error; training did not start."""
+
+    exit_status = EXIT_FINDINGS

@@ -20,7 +20,6 @@ the strongest action among the step's findings wins (halt > rollback > skip > ap
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -34,6 +33,9 @@ from trainguard.errors import ConfigError, RunHalted
 from trainguard.findings import Finding
 from trainguard.monitors.config import MonitorsConfig
 from trainguard.monitors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
+from trainguard.monitors.rerun import classify_rerun
+
+__all__ = ["Decision", "Guard", "GuardsConfig", "classify_rerun", "grad_norm_of"]
 
 Action = Literal["apply", "skip", "rollback", "halt"]
 ACTIONS: tuple[str, ...] = ("apply", "skip", "rollback", "halt")
@@ -316,51 +318,3 @@ class Guard:
         with open(self.run_dir / "guard.jsonl", "a", encoding="utf-8") as fh:
             for f in decision.findings:
                 fh.write(json.dumps({"kind": "finding", **f.to_dict()}, default=str) + "\n")
-
-
-def _as_array(x: Any):
-    import numpy as np
-
-    if hasattr(x, "detach"):
-        x = x.detach().float().cpu().numpy()
-    elif isinstance(x, dict):
-        return np.concatenate([_as_array(x[k]).ravel() for k in sorted(x)])
-    elif isinstance(x, list | tuple):
-        return np.concatenate([_as_array(v).ravel() for v in x]) if x else np.zeros(0)
-    return np.asarray(x, dtype=np.float64)
-
-
-def classify_rerun(first: Any, second: Any, rtol: float = 0.0, step: int | None = None) -> Finding:
-    """R205 (hardware) if a recomputation of the same step differs from the first, else R206.
-
-    `first`/`second` are what the step produced each time: a loss, a gradient norm, tensors, or
-    lists/dicts of them. NaNs in the same places count as the same result.
-    """
-    import numpy as np
-
-    a, b = _as_array(first).astype(np.float64).ravel(), _as_array(second).astype(np.float64).ravel()
-    if a.shape != b.shape:
-        raise ValueError(f"rerun results differ in size: {a.shape} vs {b.shape}")
-    same = bool(np.allclose(a, b, rtol=rtol, atol=0.0, equal_nan=True))
-    both = np.isfinite(a) & np.isfinite(b)
-    max_diff = float(np.max(np.abs(a[both] - b[both]))) if both.any() else 0.0
-    data = {
-        "cause": "deterministic" if same else "hardware",
-        "max_abs_diff": max_diff if math.isfinite(max_diff) else None,
-        "values": int(a.size),
-        "rtol": rtol,
-    }
-    if same:
-        return Finding.of(
-            "R206",
-            "the rerun of the step gave the same result: a data or software fault, not hardware",
-            step=step,
-            data=data,
-        )
-    return Finding.of(
-        "R205",
-        f"the rerun of the step differs from the first run (max abs difference {max_diff:.3g}): "
-        "suspect silent data corruption on this machine",
-        step=step,
-        data=data,
-    )

@@ -29,6 +29,7 @@ from trainguard.checks.causality import check_future_leak
 from trainguard.checks.gradient_leak import check_gradient_leak
 from trainguard.checks.moe_drops import check_moe_drops
 from trainguard.checks.train_serve import check_train_serve
+from trainguard.config.schema import Recipe
 from trainguard.findings import Finding, has_errors
 
 MODES = ("train", "eval")
@@ -182,3 +183,23 @@ def run_model_checks(
         findings += audit.findings
         details["precision"] = audit.details
     return CheckReport(findings, runner.stats, time.perf_counter() - t0, details)
+
+
+def run_recipe_checks(
+    model: nn.Module, recipe: Recipe, vocab_size: int, batch_size: int = 4
+) -> CheckReport:
+    """Pre-flight: the model checks on the recipe's model at its sequence length and seed,
+    plus the precision audit when `train.precision` is not fp32 (autocast with fp32 weights,
+    so update swallowing is reported as a what-if), at the schedule's peak and final rates."""
+    train = recipe.train
+    return run_model_checks(
+        model,
+        vocab_size,
+        recipe.data.seq_len,
+        batch_size=batch_size,
+        dtype=None if train.precision == "fp32" else train.precision,
+        seed=train.seed,
+        lr=train.lr,
+        min_lr=train.lr * train.min_lr_ratio,
+        master_weights="fp32",
+    )

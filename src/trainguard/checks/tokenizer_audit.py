@@ -29,6 +29,7 @@ _EXAMPLES = 20
 # Punctuation (or underscore) immediately followed by whitespace, inside one token.
 _PUNCT_SPACE = re.compile(r"(?:[^\w\s]|_)\s")
 _BATCH = 1024
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -239,6 +240,11 @@ def audit_tokenizer(
     what = "the training data"
     if corpus_texts is not None:
         texts = list(islice(corpus_texts, max_docs))
+        # Text that is not valid Unicode (lone surrogates from undecodable bytes) cannot be
+        # tokenized; the data pipeline skips such documents (D101), so the audit does too.
+        valid = [t for t in texts if not _SURROGATE.search(t)]
+        stats["corpus_docs_skipped_invalid"] = len(texts) - len(valid)
+        texts = valid
         ids = _encode_ids(tok, texts)
         f_rt, s_rt = _round_trip(tok, texts, ids)
         findings += f_rt

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -55,15 +55,14 @@ class VocabEntry:
     special: bool  # an added/special token (EOT, BOS, pad ...)
     base: bool  # a single byte (byte-level alphabet or <0xNN> fallback)
 
-    @property
-    def text(self) -> str | None:
-        """The token's text if its bytes are valid UTF-8 on their own, else None."""
-        if self.raw is None:
-            return None
+    text: str | None = field(init=False)
+    """The token's text if its bytes are valid UTF-8 on their own, else None."""
+
+    def __post_init__(self) -> None:
         try:
-            return self.raw.decode("utf-8")
+            self.text = None if self.raw is None else self.raw.decode("utf-8")
         except UnicodeDecodeError:
-            return None
+            self.text = None
 
 
 @dataclass

@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Random samples with flagged spans highlighted, and per-rule counts over the source."""
-        from trainguard.filters.render import counts_table, render_html, rich_sample
+        from trainguard.filters.render import counts_table, render_html, rich_sample, visible
         from trainguard.filters.run import inspect_source
 
         insp = inspect_source(
@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
             atomic_write_text(html, render_html(insp, source))
         if not as_json:
             for s in insp.samples:
-                title = f"#{s.index} {s.record.id}"
+                title = f"#{s.index} {visible(s.record.id)}"
                 console.print(rich_sample(title, s.record.text, s.flags, max_chars))
             console.print(counts_table(insp))
             if html is not None:
@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
             "samples": [
                 {
                     "index": s.index,
-                    "id": s.record.id,
+                    "id": visible(s.record.id),
                     "flags": [f.to_dict() for f in s.flags],
                 }
                 for s in insp.samples

@@ -54,7 +54,12 @@ def eval_run(
     specs = list(spec) if spec else list(evals_cfg.specs)
     limit = max_examples if max_examples is not None else evals_cfg.max_examples
     res = run_evals(
-        model, tokenizer, specs, device=device, max_examples=limit, data=recipe.data,
+        model,
+        tokenizer,
+        specs,
+        device=device,
+        max_examples=limit,
+        data=recipe.data,
         canaries=evals_cfg.canaries,
     )
     extra: dict[str, Any] = {

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from trainguard.cli.common import console, findings_table, handle_errors
-from trainguard.errors import EXIT_FINDINGS, EXIT_OK
+from trainguard.errors import EXIT_OK
 
 
 def register(app: typer.Typer) -> None:
@@ -39,6 +39,8 @@ def register(app: typer.Typer) -> None:
         resolved = load_recipe(recipe, overrides)
         folder = run_dir or Path("runs") / resolved.name
         result = run_recipe(resolved, folder, progress=not (quiet or as_json))
+        # The run finished: faults it met were handled by its guards (they are in the findings
+        # and the report). A halt or a failed pre-flight raises instead and exits 1.
         errors = [f for f in result.findings if f.severity == "error"]
         if as_json:
             payload = {
@@ -61,7 +63,7 @@ def register(app: typer.Typer) -> None:
                 f"{result.final_val_loss:.4f}, val_bpb {result.final_val_bpb:.4f}, "
                 f"report {result.run_dir / 'report.html'}"
             )
-        raise typer.Exit(EXIT_FINDINGS if errors else EXIT_OK)
+        raise typer.Exit(EXIT_OK)
 
     @app.command("report")
     @handle_errors

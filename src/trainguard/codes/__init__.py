@@ -59,7 +59,14 @@ def register(*codes: Code) -> None:
         REGISTRY[c.code] = c
 
 
+_loaded = False
+
+
 def _load_all() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
     # Every module in this package registers codes on import; one module per layer or topic.
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_"):  # __main__ renders the docs; it registers nothing
@@ -68,8 +75,8 @@ def _load_all() -> None:
 
 
 def get_code(code: str) -> Code:
-    if not REGISTRY:
-        _load_all()
+    if code not in REGISTRY:
+        _load_all()  # a module may have imported just its own codes so far
     try:
         return REGISTRY[code]
     except KeyError:
@@ -77,8 +84,7 @@ def get_code(code: str) -> Code:
 
 
 def all_codes() -> list[Code]:
-    if not REGISTRY:
-        _load_all()
+    _load_all()
     return sorted(REGISTRY.values(), key=lambda c: (list(LAYERS).index(c.code[0]), c.code))
 
 

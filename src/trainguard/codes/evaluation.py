@@ -18,8 +18,8 @@ register(
         catches="A recipe whose `evals.specs` holds no spec marked `use_case: true`.",
         why="Without an evaluation of the task the model is for, the run optimises a proxy "
         "(validation loss, leaderboard numbers) and nobody can tell whether it solves the problem.",
-        fix="Add a use-case eval to `evals.specs` (the shipped `python_next_line`, or your own spec "
-        "with `use_case: true`), or start with `--no-evals` on purpose.",
+        fix="Add a use-case eval to `evals.specs` (the shipped `python_next_line`, or your own "
+        "spec with `use_case: true`), or start with `--no-evals` on purpose.",
         false_positives="Exploratory runs where no use case exists yet; use `--no-evals`.",
         references=("Evaluation-first practice in LLM training guides",),
     ),

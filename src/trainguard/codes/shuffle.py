@@ -19,9 +19,10 @@ register(
         false_positives="Curricula that order data on purpose (by domain or difficulty) fail "
         "by design.",
         references=(
-            "Pearson 1900, chi-square goodness of fit",
-            "Nagarajan et al. 2024 / torch IterableDataset shuffle-buffer practice: a buffer "
-            "shuffle only mixes within the buffer",
+            "Pearson 1900, On the criterion that a given system of deviations from the "
+            "probable ... (the chi-square goodness-of-fit test)",
+            "TensorFlow tf.data.Dataset.shuffle documentation: a buffer smaller than the "
+            "dataset gives only a partial shuffle",
         ),
     ),
     Code(

@@ -88,7 +88,14 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
             except yaml.YAMLError:
                 node[key] = value_text
             return
-        model = _section_model(model, key)
+        sub = _section_model(model, key)
+        if sub is None and typing.get_origin(model.model_fields[key].annotation) is dict:
+            # A mapping field (e.g. guards.actions): the rest of the dotted key is its key.
+            mapping = node.setdefault(key, {}) if isinstance(node.get(key), dict) else {}
+            node[key] = mapping
+            mapping[".".join(keys[i + 1 :])] = yaml.safe_load(value_text)
+            return
+        model = sub
         if not isinstance(node.get(key), dict):
             node[key] = {}
         node = node[key]

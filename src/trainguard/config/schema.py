@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainguard.guard import GuardsConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
@@ -149,3 +151,5 @@ class Recipe(_Section):
     """Verified checkpoints."""
     preflight: PreflightConfig = Field(default_factory=PreflightConfig)
     """Checks before the first step."""
+    guards: GuardsConfig = Field(default_factory=GuardsConfig)
+    """In-run detectors, their actions, the hang watchdog."""

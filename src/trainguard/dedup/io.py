@@ -177,9 +177,16 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def check_output(out_path: str | Path, fmt: str, in_path: str | Path) -> None:
-    """OUT must not be IN and must not name the other format."""
+def check_output(
+    out_path: str | Path, fmt: str, in_path: str | Path, folder_ok: bool = False
+) -> None:
+    """OUT must not be IN, must not name the other format, and is a file unless `folder_ok`."""
     out_path = Path(out_path)
+    if out_path.is_dir() and not folder_ok:
+        raise BadInputError(
+            f"--out {out_path} is a folder; the local engine writes one file",
+            "give --out a file name, or remove the folder (a Spark engine output)",
+        )
     if (
         out_path.exists()
         and Path(in_path).exists()

@@ -149,7 +149,7 @@ def dedup_file_spark(
     check_params(params)
     in_str = str(in_path)
     fmt = io.detect_format(in_path, must_exist="://" not in in_str)
-    io.check_output(out_path, fmt, in_path)
+    io.check_output(out_path, fmt, in_path, folder_ok=True)
     clusters_path = clusters_path or default_clusters_path(Path(out_path))
     spark = spark or get_spark(master)
     sc = spark.sparkContext

@@ -10,15 +10,17 @@ Faults:
 - `nan@N`         the loss of step N becomes NaN (a poisoned batch).
 - `spike@N`       the loss of step N is multiplied by 50 (an outlier batch).
 - `hang@N`        step N sleeps forever in the forward pass (for the hang watchdog).
-- `bitflip@N`     flip the top exponent bit of one parameter after step N (silent corruption).
+- `bitflip@N`     flip the top exponent bit of one weight during step N only (silent corruption).
 - `slow@N`        step N and later sleep 0.2 s each (a straggler).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -108,16 +110,22 @@ class FaultPlan:
             return loss * 50.0
         return loss
 
-    def maybe_flip_bit(self, step: int, model: torch.nn.Module) -> bool:
-        """Flip the top exponent bit of the first element of the first matrix (once)."""
+    @contextlib.contextmanager
+    def transient_bitflip(self, step: int, model: torch.nn.Module) -> Iterator[None]:
+        """Silent data corruption during step N: one weight's top exponent bit is flipped for
+        the forward and backward of that step only, then restored, as a glitching ALU or
+        memory read would do. A recomputation of the step sees the clean weight (once only)."""
         key = f"bitflip@{step}"
         if step not in self.bitflip_steps or key in self.fired:
-            return False
+            yield
+            return
         self.fired.add(key)
+        weight = next(p for p in model.parameters() if p.dim() == 2 and p.dtype == torch.float32)
+        bits = weight.data.view(torch.int32).view(-1)
         with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() == 2 and p.dtype == torch.float32:
-                    bits = p.view(torch.int32)
-                    bits.view(-1)[0] ^= 1 << 30
-                    return True
-        return False
+            bits[0] ^= 1 << 30
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                bits[0] ^= 1 << 30

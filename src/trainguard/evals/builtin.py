@@ -38,7 +38,7 @@ def build_next_line_examples(
     n_examples: int = 200,
     n_choices: int = 4,
     seed: int = 0,
-    per_doc: int = 2,
+    per_doc: int | None = None,
 ) -> list[dict[str, Any]]:
     """Multiple-choice rows {"context", "choices", "gold", "doc"} from (doc id, text) pairs.
 
@@ -54,6 +54,8 @@ def build_next_line_examples(
             "python_next_line needs at least two validation documents with code lines",
             "use a larger corpus or a larger data.val_fraction",
         )
+    # Spread examples over documents: a few positions from each, enough to fill n_examples.
+    per_doc = per_doc or max(2, -(-2 * n_examples // len(lines_by_doc)))
     candidates = []
     for doc_id, lines in lines_by_doc.items():
         spots = [i for i in range(1, len(lines)) if _good(lines[i]) and lines[i - 1].strip()]
@@ -82,7 +84,12 @@ def build_next_line_examples(
         gold = rng.randrange(n_choices)
         choices = distractors[:gold] + [true] + distractors[gold:]
         rows.append(
-            {"context": context, "choices": ["\n" + c for c in choices], "gold": gold, "doc": doc_id}
+            {
+                "context": context,
+                "choices": ["\n" + c for c in choices],
+                "gold": gold,
+                "doc": doc_id,
+            }
         )
     return rows
 

@@ -31,7 +31,11 @@ def run_canaries(
         prompt = prefix + tokenizer.encode(c.prompt).ids
         # No stop string: the expected text may span lines.
         (out,) = greedy_generate(
-            model, tokenizer, [prompt], max_new_tokens=c.max_new_tokens, stop_ids=prefix,
+            model,
+            tokenizer,
+            [prompt],
+            max_new_tokens=c.max_new_tokens,
+            stop_ids=prefix,
             device=device,
         )
         if c.expect in out:
@@ -46,4 +50,7 @@ def run_canaries(
                     data={"prompt": c.prompt, "expect": c.expect, "output": out},
                 )
             )
-    return {"canaries/pass_rate": passed / len(canaries), "canaries/n": float(len(canaries))}, findings
+    return {
+        "canaries/pass_rate": passed / len(canaries),
+        "canaries/n": float(len(canaries)),
+    }, findings

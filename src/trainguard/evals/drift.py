@@ -63,7 +63,11 @@ class EvalDriftMonitor:
                 out += self._check(step, key, value, n, None, higher_is_better=True)
             elif key.endswith("/bpb") and n:
                 out += self._check(
-                    step, key, value, n, metrics.get(f"{task}/bpb_se", 0.0),
+                    step,
+                    key,
+                    value,
+                    n,
+                    metrics.get(f"{task}/bpb_se", 0.0),
                     higher_is_better=False,
                 )
         return out
@@ -86,11 +90,17 @@ class EvalDriftMonitor:
                         f"{value:.4g}: p={p:.2g} < alpha={self.alpha}",
                         step=step,
                         metric=key,
-                        data={"best": best["value"], "best_step": int(best["step"]),
-                              "value": value, "p_value": p},
+                        data={
+                            "best": best["value"],
+                            "best_step": int(best["step"]),
+                            "value": value,
+                            "p_value": p,
+                        },
                     )
                 )
-        better = best is None or (value > best["value"] if higher_is_better else value < best["value"])
+        better = best is None or (
+            value > best["value"] if higher_is_better else value < best["value"]
+        )
         if better:
             self.best[key] = {"value": value, "n": float(n), "se": float(se or 0.0), "step": step}
         return found

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors.torch import load_file
+from safetensors.torch import load_model
 
 from trainguard.errors import BadInputError
 
@@ -73,10 +73,11 @@ def load_model_for_eval(
     raw = yaml.safe_load(recipe_path.read_text(encoding="utf-8")) or {}
     recipe = validate_recipe(raw, str(recipe_path))
     tokenizer = load_tokenizer(tok_path)
-    state = load_file(str(ckpt / "model.safetensors"))
     model = GPT(recipe.model, vocab_size=tokenizer.get_vocab_size(), seq_len=recipe.data.seq_len)
     try:
-        model.load_state_dict(state)
+        # load_model, not load_file + load_state_dict: it restores tied weights (wte/lm_head)
+        # that safetensors stores once.
+        load_model(model, str(ckpt / "model.safetensors"))
     except RuntimeError as e:
         raise BadInputError(
             f"{ckpt / 'model.safetensors'} does not fit the recipe's model: {e}",

@@ -165,11 +165,13 @@ def read_task_data(spec: EvalSpec, task: TaskSpec) -> list[dict[str, Any]]:
                 raise EvalSpecError(
                     f"{path} line {i} is not JSON: {e}", "one JSON object per line"
                 ) from None
-            for key, typ in _REQUIRED[task.type].items():
+            need = _REQUIRED[task.type]
+            for key, typ in need.items():
                 if not isinstance(row, dict) or not isinstance(row.get(key), typ):
+                    shape = json.dumps({k: t.__name__ for k, t in need.items()})
                     raise EvalSpecError(
                         f"{path} line {i}: {task.type} rows need {key!r} of type {typ.__name__}",
-                        f"rows look like {json.dumps({k: t.__name__ for k, t in _REQUIRED[task.type].items()})}",
+                        f"rows look like {shape}",
                     )
             rows.append(row)
     if not rows:

@@ -9,6 +9,7 @@ lone surrogates (rule D230 points at them) and are written back byte for byte.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,8 +140,15 @@ def output_paths(source: str | Path, out: str | Path) -> tuple[Path, Path, str]:
     out = Path(out)
     if out.suffix in (".jsonl", ".parquet"):
         fmt = out.suffix[1:]
-        return out, out.with_name(f"{out.stem}.rejected{out.suffix}"), fmt
-    return out / f"kept.{fmt}", out / f"rejected.{fmt}", fmt
+        paths = (out, out.with_name(f"{out.stem}.rejected{out.suffix}"))
+    else:
+        paths = (out / f"kept.{fmt}", out / f"rejected.{fmt}")
+    if str(source) != "stdlib" and any(p.resolve() == Path(source).resolve() for p in paths):
+        raise DataError(
+            f"--out {out} would overwrite the input {source}",
+            "write the filtered documents to another file or folder",
+        )
+    return paths[0], paths[1], fmt
 
 
 def parquet_schemas(source: str | Path) -> tuple[Any, Any]:
@@ -161,10 +169,13 @@ class RecordWriter:
     def __init__(self, path: Path, fmt: str, schema: Any = None) -> None:
         self.path, self.fmt, self._schema = Path(path), fmt, schema
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Written under a temporary name and renamed on success: a failed run leaves no
+        # half-written output that looks complete.
+        self._tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         self.count = 0
         self._buffer: list[dict[str, Any]] = []
         self._pq_writer: Any = None
-        self._file = open(self.path, "wb") if fmt == "jsonl" else None  # noqa: SIM115
+        self._file = open(self._tmp, "wb") if fmt == "jsonl" else None  # noqa: SIM115
 
     def write(self, fields: dict[str, Any]) -> None:
         self.count += 1
@@ -183,7 +194,7 @@ class RecordWriter:
             return
         if self._pq_writer is None:
             table = pa.Table.from_pylist(self._buffer, schema=self._schema)
-            self._pq_writer = pq.ParquetWriter(self.path, table.schema)
+            self._pq_writer = pq.ParquetWriter(self._tmp, table.schema)
         else:
             table = pa.Table.from_pylist(self._buffer, schema=self._pq_writer.schema)
         self._pq_writer.write_table(table)
@@ -192,23 +203,34 @@ class RecordWriter:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-            return
-        self._flush_parquet()
-        if self._pq_writer is None:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            # No records: still write a valid, empty file with the input's columns.
-            schema = self._schema if self._schema is not None else pa.schema([])
-            pq.write_table(schema.empty_table(), self.path)
         else:
+            self._flush_parquet()
+            if self._pq_writer is None:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                # No records: still write a valid, empty file with the input's columns.
+                schema = self._schema if self._schema is not None else pa.schema([])
+                pq.write_table(schema.empty_table(), self._tmp)
+            else:
+                self._pq_writer.close()
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        elif self._pq_writer is not None:
             self._pq_writer.close()
+        self._tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> RecordWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
 
 def _jsonl_line(fields: dict[str, Any]) -> bytes:

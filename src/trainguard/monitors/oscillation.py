@@ -128,7 +128,10 @@ class OscillationDetector:
         self.alpha = alpha
         self.min_amplitude = min_amplitude
         self.data_period = data_period
-        self.buf: deque[tuple[int, float]] = deque(maxlen=window)
+        # Two deques of plain numbers: np.fromiter turns them into arrays ~10x faster than
+        # a deque of (step, value) tuples, which matters every `interval` rows.
+        self.steps: deque[int] = deque(maxlen=window)
+        self.values: deque[float] = deque(maxlen=window)
         self.since_test = 0
         self.reported: list[float] = []
 
@@ -136,22 +139,25 @@ class OscillationDetector:
         x = metrics.get(self.metric)
         if x is None or not math.isfinite(x):
             return []
-        self.buf.append((int(step), float(x)))
+        self.steps.append(int(step))
+        self.values.append(float(x))
         self.since_test += 1
-        if self.since_test < self.interval or len(self.buf) < MIN_ROWS:
+        if self.since_test < self.interval or len(self.values) < MIN_ROWS:
             return []
         return self._test(step)
 
     def finalize(self, step: int | None = None) -> list[Finding]:
         """Test the rows seen since the last test (offline: at the end of a log)."""
-        if self.since_test == 0 or not self.buf:
+        if self.since_test == 0 or not self.values:
             return []
-        return self._test(self.buf[-1][0] if step is None else step)
+        return self._test(self.steps[-1] if step is None else step)
 
     def _test(self, step: int) -> list[Finding]:
         self.since_test = 0
-        arr = np.asarray(self.buf, dtype=np.float64)  # (n, 2): step, value
-        wave = find_wave(arr[:, 0], arr[:, 1], self.alpha)
+        n = len(self.values)
+        steps = np.fromiter(self.steps, dtype=np.float64, count=n)
+        values = np.fromiter(self.values, dtype=np.float64, count=n)
+        wave = find_wave(steps, values, self.alpha)
         if wave is None or wave["amplitude"] < self.min_amplitude:
             return []
         period = wave["period_steps"]
@@ -180,7 +186,7 @@ class OscillationDetector:
                     "period_steps": float(period),
                     "amplitude": float(wave["amplitude"]),
                     "p_value": float(wave["p_value"]),
-                    "rows": len(self.buf),
+                    "rows": len(self.values),
                     "data_period_steps": self.data_period,
                     "matches_data_period": matches,
                     "harmonic": harmonic,
@@ -190,14 +196,16 @@ class OscillationDetector:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "buf": [list(r) for r in self.buf],
+            "steps": list(self.steps),
+            "values": list(self.values),
             "since_test": self.since_test,
             "reported": list(self.reported),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.buf.clear()
-        for s, v in state["buf"]:
-            self.buf.append((int(s), float(v)))
+        self.steps.clear()
+        self.values.clear()
+        self.steps.extend(int(s) for s in state["steps"])
+        self.values.extend(float(v) for v in state["values"])
         self.since_test = int(state["since_test"])
         self.reported = [float(p) for p in state["reported"]]

@@ -60,11 +60,12 @@ def minimize_batched(
     n_pairs = np.zeros(p, dtype=int)
     active = np.ones(p, dtype=bool)
     converged = np.zeros(p, dtype=bool)
-    it = 0
-    for it in range(1, max_iter + 1):
+    iterations = 0
+    for _ in range(max_iter):
         idx = np.flatnonzero(active)
         if idx.size == 0:
             break
+        iterations += 1
         gi = g[idx]
         d = _two_loop(gi, s_hist[idx], y_hist[idx], rho[idx], slot[idx], n_pairs[idx])
         slope = np.einsum("pn,pn->p", gi, d)
@@ -112,7 +113,7 @@ def minimize_batched(
         )
         active[acc[done]] = False
         converged[acc[done]] = True
-    return BatchResult(x=x, f=f, g=g, converged=converged, iterations=it)
+    return BatchResult(x=x, f=f, g=g, converged=converged, iterations=iterations)
 
 
 def _two_loop(g, s_hist, y_hist, rho, slot, n_pairs) -> np.ndarray:
@@ -129,8 +130,11 @@ def _two_loop(g, s_hist, y_hist, rho, slot, n_pairs) -> np.ndarray:
     newest = (slot - 1) % m
     s_new, y_new = s_hist[rows, newest], y_hist[rows, newest]
     yy = np.einsum("pn,pn->p", y_new, y_new)
-    gamma = np.where((n_pairs > 0) & (yy > 0), np.einsum("pn,pn->p", s_new, y_new) / np.where(
-        yy > 0, yy, 1.0), 1.0)
+    gamma = np.where(
+        (n_pairs > 0) & (yy > 0),
+        np.einsum("pn,pn->p", s_new, y_new) / np.where(yy > 0, yy, 1.0),
+        1.0,
+    )
     r = gamma[:, None] * q
     for j in range(m, 0, -1):  # oldest to newest
         sl = (slot - j) % m

@@ -117,7 +117,7 @@ class Trainer:
             sync = (
                 contextlib.nullcontext() if last or self.net is self.model else self.net.no_sync()
             )
-            with sync:
+            with sync, self.faults.transient_bitflip(step, self.model):
                 self._phase("forward", step)
                 with _autocast(t.precision, self.device):
                     logits = self.net(x)  # (b, T, V)

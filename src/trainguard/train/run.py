@@ -18,9 +18,13 @@ from trainguard.data.order import compare_batch_hashes
 from trainguard.data.prepare import prepare_data
 from trainguard.data.shards import compare_identity, data_identity
 from trainguard.drills.faults import FaultPlan
+from trainguard.errors import PreflightFailed
 from trainguard.findings import Finding
+from trainguard.guard import Guard
 from trainguard.model.gpt import GPT
+from trainguard.monitors.watchdog import Watchdog
 from trainguard.train import rundir
+from trainguard.train.actions import StepPositions, next_position, rerun_to_classify, rollback
 from trainguard.train.envinfo import drift_findings, environment_fingerprint
 from trainguard.train.loop import Trainer, World
 from trainguard.train.metrics import MetricsLog, ProgressDisplay
@@ -89,6 +93,7 @@ class RunSession:
         self.resumed_from: int | None = None
         self.last_eval: dict[str, float] = {}
         self.replayed_hashes: dict[int, str] = {}
+        self.watchdog: Watchdog | None = None
 
     # -- phases -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -103,12 +108,28 @@ class RunSession:
             shutil.copyfile(self.data.tokenizer_path, self.run_dir / "tokenizer.json")
         self.model = build_model(self.recipe, self.data.vocab_size, self.device)
         self.optimizer = build_optimizer(self.recipe, self.model)
+        if self.recipe.preflight.enabled:
+            self.preflight()
         self.store = CheckpointStore(
             checkpoint_root(self.recipe, self.run_dir),
             keep=self.recipe.checkpoint.keep,
             rank=self.world.rank,
             world_size=self.world.size,
         )
+
+    def preflight(self) -> None:
+        from trainguard.train.preflight import run_preflight
+
+        found, details = run_preflight(self)
+        self.record(found)
+        self.log_event("preflight", checks=details)
+        errors = [f for f in found if f.severity == "error"]
+        if errors and self.recipe.preflight.fail_on_error:
+            listing = "; ".join(str(f) for f in errors)
+            raise PreflightFailed(
+                f"pre-flight found {len(errors)} error(s), training did not start: {listing}",
+                "fix the findings, or set preflight.fail_on_error=false to train anyway",
+            )
 
     def record(self, findings: list[Finding]) -> None:
         for f in findings:
@@ -148,6 +169,8 @@ class RunSession:
     def save_checkpoint(self) -> None:
         step = self.state.step
 
+        self.state.guard = self.guard.state_dict()
+
         def write(folder: Path) -> None:
             write_checkpoint_files(
                 folder, self.model, self.optimizer, self.state, self.recipe_dict, self.env
@@ -155,6 +178,8 @@ class RunSession:
             self.faults.at("checkpoint_write", step)
 
         self.faults.at("checkpoint", step)
+        if self.watchdog is not None:
+            self.watchdog.set_phase("checkpoint")
         if self.is_main:
             meta = {
                 "tokens_seen": self.state.tokens_seen,
@@ -163,6 +188,8 @@ class RunSession:
             self.store.save(step, write, meta=meta)
 
     def evaluate(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.set_phase("eval")
         result = self.trainer.evaluate()
         self.last_eval = result
         if self.is_main:
@@ -171,6 +198,31 @@ class RunSession:
             f"eval @ step {self.state.step}: val_loss {result['val_loss']:.4f}  "
             f"val_bpb {result['val_bpb']:.4f}"
         )
+
+    def log_event(self, event: str, **fields: object) -> None:
+        if self.is_main:
+            self.metrics.write({"kind": "event", "step": self.state.step, "event": event, **fields})
+
+    def start_guards(self) -> None:
+        r = self.recipe
+        # One epoch of the data order, in steps: the period a poor shuffle would show.
+        data_period = self.trainer.order.num_samples / self.trainer.global_batch
+        self.guard = Guard(config=r.guards, data_period=data_period)
+        if self.state.guard:
+            self.guard.load_state_dict(self.state.guard)
+        if self.is_main:  # lets `trainguard watch` match a wave to the epoch length
+            self.metrics.write({"kind": "meta", "data_period_steps": data_period})
+        self.watchdog = None
+        if r.guards.enabled:
+            floor = r.guards.hang_floor_s
+            self.watchdog = Watchdog.from_config(
+                self.run_dir,
+                r.guards,
+                rank=self.world.rank if self.world.size > 1 else None,
+                # The first step compiles and warms caches; checkpoints and evals are long.
+                phase_floors={"startup": 4 * floor, "checkpoint": 4 * floor, "eval": 4 * floor},
+            ).start()
+            self.trainer.on_phase = lambda phase, step: self.watchdog.set_phase(phase)
 
     def train(self) -> None:
         r = self.recipe
@@ -191,46 +243,69 @@ class RunSession:
             t.log_interval,
             enabled=self.progress_enabled and self.is_main,
         )
+        self.start_guards()
         tokens_per_step = self.trainer.global_batch * r.data.seq_len
+        positions = StepPositions()
         try:
-            if self.state.step == 0 and self.is_main:
-                self.metrics.write({"kind": "event", "step": 0, "event": "start", "env": self.env})
+            if self.state.step == 0:
+                self.log_event("start", env=self.env)
             while self.state.step < t.max_steps:
                 step = self.state.step + 1  # the step being computed, as its log row will say
+                position = next_position(self)
+                positions.record(step, position)
                 t0 = time.perf_counter()
-                out = self.trainer.forward_backward(step, self.state.loader_position)
-                lr = self.trainer.apply_update(step)
+                out = self.trainer.forward_backward(step, position)
+                tokens_per_s = tokens_per_step / (time.perf_counter() - t0)
+                decision = self.guard.step(
+                    step, loss=out.loss, grad_norm=out.grad_norm, tokens_per_s=tokens_per_s
+                )
+                if decision.rerun:
+                    rerun_to_classify(self, decision, out, position)
+                self.record(decision.findings)
+                if decision.action == "rollback":
+                    rollback(self, decision, positions)
+                    continue
+                decision.raise_if_halt()
+                if decision.apply:
+                    lr = self.trainer.apply_update(step)
+                else:
+                    self.trainer.discard_update()
+                    lr = 0.0
                 self.state.advance(
                     self.trainer.global_batch, tokens_per_step, self.trainer.order.num_samples
                 )
                 dt = time.perf_counter() - t0
-                tokens_per_s = tokens_per_step / dt
                 if self.is_main:
                     self.metrics.write(
                         {
                             "kind": "step",
-                            "step": self.state.step,
+                            "step": step,
                             "loss": out.loss,
                             "grad_norm": out.grad_norm,
                             "lr": lr,
-                            "tokens_per_s": tokens_per_s,
+                            "tokens_per_s": tokens_per_step / dt,
                             "batch_hash": out.batch_hash,
                             "step_time_s": dt,
                             "time": time.time(),
+                            "action": decision.action,
                         }
                     )
                 if step in self.replayed_hashes:
                     expected = {step: self.replayed_hashes.pop(step)}
                     self.record(compare_batch_hashes(expected, {step: out.batch_hash}))
-                self.display.update(self.state.step, out.loss, tokens_per_s)
-                done = self.state.step == t.max_steps
-                if self.state.step % t.eval_interval == 0 or done:
+                self.display.update(step, out.loss, tokens_per_step / dt)
+                if self.watchdog is not None:
+                    self.watchdog.heartbeat(step)
+                done = step == t.max_steps
+                if step % t.eval_interval == 0 or done:
                     self.evaluate()
-                if self.state.step % r.checkpoint.interval == 0 or done:
+                if step % r.checkpoint.interval == 0 or done:
                     self.save_checkpoint()
             if self.resumed_from == t.max_steps or not self.last_eval:
                 self.evaluate()  # nothing left to train: still report where the model stands
         finally:
+            if self.watchdog is not None:
+                self.watchdog.stop()
             self.display.close()
 
     def result(self) -> RunResult:
@@ -260,15 +335,12 @@ def run_recipe(
         session.setup()
         session.resume()
         session.train()
-        if session.is_main:
-            session.metrics.write(
-                {"kind": "event", "step": session.state.step, "event": "end", **session.last_eval}
-            )
+        session.log_event("end", **session.last_eval)
     finally:
         session.metrics.close()
-    result = session.result()
-    if report and session.is_main:
-        from trainguard.report.build import write_report
+        # Also after a halt: the report is where a user looks first.
+        if report and session.is_main and session.metrics.path.exists():
+            from trainguard.report.build import write_report
 
-        write_report(session.run_dir)
-    return result
+            write_report(session.run_dir)
+    return session.result()

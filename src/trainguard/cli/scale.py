@@ -1,0 +1,89 @@
+"""`trainguard scale run RECIPE --grid ...` and `trainguard scale fit RUNS.csv`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from trainguard.cli._groups import group
+from trainguard.cli.common import console, emit, handle_errors
+from trainguard.errors import BadInputError
+
+
+def _parse_point(text: str) -> tuple[float, float]:
+    try:
+        n, d = (float(x) for x in text.split(","))
+    except ValueError:
+        raise BadInputError(
+            f"--predict {text!r} is not N,D", "write --predict 70e9,1.4e12 (params,tokens)"
+        ) from None
+    if n <= 0 or d <= 0:
+        raise BadInputError(f"--predict {text!r} must be positive", "params and tokens > 0")
+    return n, d
+
+
+def register(app: typer.Typer) -> None:
+    scale = group(app, "scale")
+
+    @scale.command("run")
+    @handle_errors
+    def scale_run(
+        recipe: str = typer.Argument("default", help="Recipe name or path."),
+        grid: list[str] = typer.Option(
+            ...,
+            "--grid",
+            help="Axis KEY=V1,V2 over recipe keys, e.g. model.d_model=32,64; "
+            "repeat for more axes (sizes x token budgets: train.max_steps=100,200).",
+        ),
+        out: Path = typer.Option(
+            Path("runs/scale"), "--out", help="Folder for the cells' run dirs."
+        ),
+        csv_path: Path = typer.Option(
+            None, "--csv", help="CSV to append to. Default: OUT/runs.csv."
+        ),
+        overrides: list[str] = typer.Option(None, "--set", help="Override for every cell."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Gating runs over the grid; appends params,tokens,loss rows to the CSV."""
+        from trainguard.scaling.grid import parse_grid, run_grid
+
+        csv_file = csv_path or out / "runs.csv"
+        rows, findings = run_grid(recipe, parse_grid(grid), out, csv_file, overrides=overrides)
+        emit(findings, as_json, extra={"csv": str(csv_file), "rows": rows}, title="Scale run")
+
+    @scale.command("fit")
+    @handle_errors
+    def scale_fit(
+        runs: Path = typer.Argument(..., help="CSV with params,tokens,loss columns."),
+        predict: list[str] = typer.Option(None, "--predict", help="N,D to predict; repeatable."),
+        boot: int = typer.Option(200, "--boot", min=0, help="Bootstrap refits."),
+        level: float = typer.Option(0.95, "--level", min=0.5, max=0.999, help="Band coverage."),
+        plot: Path = typer.Option(None, "--plot", help="Write a PNG of data, fit and band."),
+        seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Fit L(N, D) = E + A/N^alpha + B/D^beta (Chinchilla approach 3) with bootstrap bands."""
+        from trainguard.scaling.fit import fit_scaling_law, read_runs_csv
+
+        points = [_parse_point(p) for p in predict or []]
+        n, d, loss = read_runs_csv(runs)
+        result = fit_scaling_law(n, d, loss, n_boot=boot, seed=seed)
+        preds = result.predictions(points, level)
+        extra = {"fit": result.law.to_dict(), "predictions": preds}
+        if plot is not None:
+            from trainguard.scaling.plot import plot_fit
+
+            extra["plot"] = str(plot_fit(result, n, d, loss, plot, preds))
+        if not as_json:
+            law = result.law
+            console.print(
+                f"L(N, D) = {law.E:.4g} + {law.A:.4g} / N^{law.alpha:.4f} + "
+                f"{law.B:.4g} / D^{law.beta:.4f}   ({result.n_runs} runs)"
+            )
+            for p in preds:
+                console.print(
+                    f"N={p['params']:.3g} D={p['tokens']:.3g}: loss {p['loss']:.4f} "
+                    f"[{p['low']:.4f}, {p['high']:.4f}]"
+                )
+        emit(result.findings, as_json, extra=extra, title="Scaling fit")

@@ -1,0 +1,141 @@
+"""`scale run`: gating runs over a grid of model sizes x token budgets, one CSV row each.
+
+Each cell is a normal guarded run (`run_recipe`) of the recipe with the cell's overrides, in its
+own run dir. Rows (name, params, tokens, loss, run_dir) are appended to the CSV as each cell
+finishes, so an interrupted grid keeps what it has; cells already in the CSV are skipped.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainguard.errors import BadInputError, TrainguardError
+from trainguard.findings import Finding
+
+FIELDS = ["name", "params", "tokens", "loss", "run_dir"]
+
+# runner(recipe, run_dir) -> an object with params, tokens, final_val_loss (RunResult).
+Runner = Callable[[Any, Path], Any]
+
+
+def parse_grid(axes: list[str]) -> list[tuple[str, list[Any]]]:
+    """`["model.d_model=32,64", "train.max_steps=100,200"]` -> [(key, [values]), ...]."""
+    out = []
+    for axis in axes:
+        if "=" not in axis:
+            raise BadInputError(
+                f"grid axis {axis!r} has no '='",
+                "write axes as --grid model.d_model=32,64 --grid train.max_steps=100,200",
+            )
+        key, values = axis.split("=", 1)
+        parsed = [yaml.safe_load(v) for v in values.split(",") if v.strip()]
+        if not parsed:
+            raise BadInputError(f"grid axis {key!r} has no values", f"e.g. --grid {key}=1,2")
+        out.append((key.strip(), parsed))
+    if not out:
+        raise BadInputError("the grid is empty", "give at least one --grid KEY=V1,V2")
+    return out
+
+
+def grid_cells(axes: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
+    keys = [k for k, _ in axes]
+    return [
+        dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(v for _, v in axes))
+    ]
+
+
+def cell_name(cell: dict[str, Any]) -> str:
+    return "_".join(f"{k.split('.')[-1]}={v}" for k, v in cell.items())
+
+
+def done_cells(csv_path: Path) -> set[str]:
+    if not csv_path.is_file():
+        return set()
+    with open(csv_path, newline="", encoding="utf-8") as f:
+        return {row["name"] for row in csv.DictReader(f)}
+
+
+def append_row(csv_path: Path, row: dict[str, Any]) -> None:
+    new = not csv_path.is_file() or csv_path.stat().st_size == 0
+    with open(csv_path, "a", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerow({k: row[k] for k in FIELDS})
+        f.flush()
+
+
+def _default_runner(recipe: Any, run_dir: Path) -> Any:
+    from trainguard.train.run import run_recipe
+
+    return run_recipe(recipe, run_dir, progress=False)
+
+
+def run_grid(
+    recipe: str,
+    axes: list[tuple[str, list[Any]]],
+    out_dir: str | Path,
+    csv_path: str | Path,
+    *,
+    overrides: list[str] | None = None,
+    runner: Runner | None = None,
+) -> tuple[list[dict[str, Any]], list[Finding]]:
+    """Run every cell not yet in the CSV; returns (rows written now, findings)."""
+    from trainguard.config.load import load_recipe
+
+    runner = runner or _default_runner
+    out_dir, csv_path = Path(out_dir), Path(csv_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    done = done_cells(csv_path)
+    rows, findings = [], []
+    cells = grid_cells(axes)
+    # Validate every cell before running any: a typo in the last cell must not cost the grid.
+    recipes = [
+        load_recipe(recipe, [*(overrides or []), *(f"{k}={v}" for k, v in c.items())])
+        for c in cells
+    ]
+    for cell, cell_recipe in zip(cells, recipes, strict=True):
+        name = cell_name(cell)
+        if name in done:
+            continue
+        run_dir = out_dir / name
+        try:
+            result = runner(cell_recipe, run_dir)
+        except TrainguardError as e:
+            findings.append(
+                Finding.of(
+                    "E161",
+                    f"gating run {name} failed: {e.message}",
+                    where=str(run_dir),
+                    data={"cell": cell},
+                )
+            )
+            continue
+        loss = getattr(result, "final_val_loss", None)
+        if loss is None or loss != loss:  # None or NaN
+            findings.append(
+                Finding.of(
+                    "E161",
+                    f"gating run {name} produced no validation loss",
+                    where=str(run_dir),
+                    data={"cell": cell},
+                )
+            )
+            continue
+        row = {
+            "name": name,
+            "params": int(result.params),
+            "tokens": int(result.tokens),
+            "loss": float(loss),
+            "run_dir": str(run_dir),
+        }
+        append_row(csv_path, row)
+        rows.append(row)
+    return rows, findings
