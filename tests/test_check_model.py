@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
-from runhelpers import run_cli
 from torch import nn
 
 import model_zoo
+from runhelpers import run_cli
 from trainguard.checks._model_runner import ModelCheckInputError, cut_points, extract_logits
 from trainguard.checks.model_checks import run_model_checks
 from trainguard.checks.model_target import ModelTargetError, load_model
@@ -186,9 +186,7 @@ def test_cli_clean_model_exit_0(tmp_path) -> None:
 
 
 def test_cli_leaky_model_exit_1() -> None:
-    res = run_cli(
-        "check-model", f"{model_zoo.__file__}:leaky_factory", "--seq-len", "12", "--json"
-    )
+    res = run_cli("check-model", f"{model_zoo.__file__}:leaky_factory", "--seq-len", "12", "--json")
     assert res.returncode == 1, res.stderr
     payload = json.loads(res.stdout)
     assert payload["ok"] is False

@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
-from runhelpers import run_cli
 from torch import nn
 
 import model_zoo
+from runhelpers import run_cli
 from trainguard.checks.precision_audit import audit_model_precision
 from trainguard.checks.precision_reduction import check_reduction
 from trainguard.errors import BadInputError
@@ -209,8 +209,16 @@ def test_audit_leaves_model_untouched() -> None:
 
 def test_cli_check_precision_json_and_exit_status() -> None:
     bad = run_cli(
-        "check-precision", "--dtype", "bf16", "--world-size", "512", "--elements", "512",
-        "--shadow-steps", "12", "--json",
+        "check-precision",
+        "--dtype",
+        "bf16",
+        "--world-size",
+        "512",
+        "--elements",
+        "512",
+        "--shadow-steps",
+        "12",
+        "--json",
     )
     assert bad.returncode == 1, bad.stderr
     payload = json.loads(bad.stdout)

@@ -34,7 +34,8 @@ def test_gloo_bf16_all_reduce_and_fp32_hook(world: int) -> None:
 
 
 def test_gloo_fp32_collective_passes_the_audit() -> None:
-    findings, audits = check_collective("fp32", (2,), N)
+    findings, audits = check_collective("fp32", (2, 4), N, ddp=False)
     assert findings == []
-    assert {a.algorithm for a in audits} == {"all_reduce", "fp32-accumulate", "ddp-fp32-hook"}
+    assert {a.algorithm for a in audits} == {"all_reduce", "fp32-accumulate"}
+    assert {a.world_size for a in audits} == {2, 4}
     assert all(a.source == "gloo" and a.bias < 1e-6 for a in audits)

@@ -106,6 +106,11 @@ def test_bos_missing(tmp_path, tok):
     assert _codes(findings) == ["E113"]
 
 
+def test_bos_not_in_vocabulary_is_missing(tmp_path, tok):
+    findings = lint_spec(_spec(tmp_path, CLEAN_MC, bos="<s>"), tok)
+    assert _codes(findings) == ["E113"] and "<s>" in findings[0].message
+
+
 def test_bos_doubled_by_post_processor(tmp_path, tok):
     doubled = train_tokenizer([CORPUS], vocab_size=320, min_frequency=2)
     doubled.post_processor = processors.TemplateProcessing(

@@ -267,3 +267,26 @@ def test_load_model_for_eval_and_cli(tmp_path, tok, trained):
         assert out["checkpoint"] == str(ckpt)
     res = cli.invoke(app, ["eval", str(tmp_path / "missing"), "--json"])
     assert res.exit_code == 2
+
+
+def test_eval_schedule_baseline_interval_end_and_resume(tmp_path, tok, trained):
+    from trainguard.evals.schedule import EvalSchedule
+
+    cfg = EvalsConfig(
+        specs=[str(_spec(tmp_path))],
+        interval=5,
+        canaries=[CanaryConfig(prompt="alice likes", expect="apples", max_new_tokens=3)],
+    )
+    sched = EvalSchedule(cfg, tok, default_interval=100)
+    assert [s for s in range(12) if sched.due(s)] == [0, 5, 10]
+    row, findings = sched.run(trained, 10)
+    assert row["kind"] == "evals" and row["step"] == 10 and row["mc/acc"] == 1.0
+    assert row["canaries/pass_rate"] == 1.0 and findings == []
+    assert not sched.due(10, final=True)  # the end at an interval step: once
+    assert sched.due(12, final=True)
+    # A resumed schedule keeps the pre-interruption best values for the drift test.
+    fresh = EvalSchedule(cfg, tok)
+    fresh.load_state_dict(json.loads(json.dumps(sched.state_dict())))
+    assert fresh.drift.best["mc/acc"]["value"] == 1.0 and not fresh.due(10)
+    _, findings = fresh.run(_model(tok, seed=3), 15)  # an untrained model forgets the canary
+    assert "E131" in {f.code for f in findings}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 
 from runhelpers import run_cli
@@ -24,37 +23,20 @@ def test_eval_on_a_real_run_and_builtin_lints_clean(finished_tiny_run):
 
 
 def test_scale_run_real_grid(tiny_recipe, tmp_path):
+    """Two real guarded runs (run_recipe) of different sizes, rows appended to the CSV."""
+    from trainguard.scaling.grid import parse_grid, read_runs_csv, run_grid
+
     out = tmp_path / "scale"
-    res = run_cli(
-        "scale",
-        "run",
-        str(tiny_recipe),
-        "--grid",
-        "model.d_model=16,32",
-        "--set",
-        "train.max_steps=4",
-        "--out",
-        str(out),
-        "--json",
-        timeout=900,
+    axes = parse_grid(["model.d_model=16,32"])
+    rows, findings = run_grid(
+        str(tiny_recipe), axes, out, out / "runs.csv", overrides=["train.max_steps=4"]
     )
-    assert res.returncode == 0, res.stderr
-    with open(out / "runs.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == 2
-    assert len({r["params"] for r in rows}) == 2 and all(int(r["tokens"]) > 0 for r in rows)
-    assert all(float(r["loss"]) > 0 for r in rows)
+    assert findings == [] and len(rows) == 2
+    n, d, loss = read_runs_csv(out / "runs.csv")
+    assert n[0] < n[1] and d[0] == d[1] > 0 and (loss > 0).all()
+    assert all((out / r["name"] / "metrics.jsonl").is_file() for r in rows)
     # Rerunning skips the finished cells.
-    again = run_cli(
-        "scale",
-        "run",
-        str(tiny_recipe),
-        "--grid",
-        "model.d_model=16,32",
-        "--set",
-        "train.max_steps=4",
-        "--out",
-        str(out),
-        "--json",
+    again, _ = run_grid(
+        str(tiny_recipe), axes, out, out / "runs.csv", overrides=["train.max_steps=4"]
     )
-    assert again.returncode == 0 and json.loads(again.stdout)["rows"] == []
+    assert again == []

@@ -21,9 +21,8 @@ from trainguard.scaling.fit import (
     fit_scaling_law,
     init_grid,
     objective,
-    read_runs_csv,
 )
-from trainguard.scaling.grid import parse_grid, run_grid
+from trainguard.scaling.grid import parse_grid, read_runs_csv, run_grid
 from trainguard.scaling.lbfgs import minimize_batched
 from trainguard.scaling.offtrack import OffTrackMonitor, PredictionBand
 
@@ -228,6 +227,31 @@ def test_cli_scale_fit_json_and_plot(tmp_path):
     (p,) = out["predictions"]
     assert set(p) == {"params", "tokens", "loss", "low", "high"} and p["low"] <= p["high"]
     assert Path(out["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The band for the big run, then its off-track alarm reading it back.
+    res = CliRunner().invoke(
+        app,
+        [
+            "scale",
+            "fit",
+            str(path),
+            "--predict",
+            "1e8,1e10",
+            "--boot",
+            "50",
+            "--band",
+            str(tmp_path / "band.json"),
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    band = PredictionBand.load(json.loads(res.stdout)["band"])
+    assert band.params == 1e8 and band.tokens[-1] == pytest.approx(1e10)
+    mon = OffTrackMonitor(band, patience=1)
+    assert mon.update(1, {"val_loss": float(TRUTH.predict(1e8, 1e10)), "tokens": 1e10}) == []
+    assert [f.code for f in mon.update(2, {"val_loss": 9.0, "tokens": 1e10})] == ["E151"]
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(BadInputError, match="unreadable"):
+        PredictionBand.load(tmp_path / "bad.json")
     bad = CliRunner().invoke(app, ["scale", "fit", str(tmp_path / "none.csv")])
     assert bad.exit_code == 2
     bad = CliRunner().invoke(app, ["scale", "fit", str(path), "--predict", "70e9"])

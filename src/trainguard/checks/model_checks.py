@@ -78,7 +78,7 @@ def _validate(model: Any, vocab_size: int, seq_len: int, batch_size: int) -> Non
         )
 
 
-def _check_mode(runner: ModelRunner, mode: str, n_cuts: int) -> list[Finding]:
+def _check_mode(runner: ModelRunner, mode: str, n_cuts: int, batch_cuts: bool) -> list[Finding]:
     findings: list[Finding] = []
     set_mode(runner.model, mode)
     b, t = runner.batch_size, runner.seq_len
@@ -102,8 +102,9 @@ def _check_mode(runner: ModelRunner, mode: str, n_cuts: int) -> list[Finding]:
     dependent = check_batch_independence(runner, x, base, mode, tol)
     findings += dependent
     cuts = cut_points(t, n_cuts)
-    findings += check_future_leak(runner, x, base, mode, cuts, not dependent, tol)
-    findings += check_gradient_leak(runner, x, mode, cuts, not dependent, tol)
+    rows_independent = batch_cuts and not dependent
+    findings += check_future_leak(runner, x, base, mode, cuts, rows_independent, tol)
+    findings += check_gradient_leak(runner, x, mode, cuts, rows_independent, tol)
     stochastic = False
     if mode == "train":
         with runner.timed("train_serve") as stats:
@@ -142,13 +143,17 @@ def run_model_checks(
     min_lr: float | None = None,
     master_weights: str = "fp32",
     shadow_steps: int = 0,
+    batch_cuts: bool = True,
 ) -> CheckReport:
     """Run every model check on `model` (LongTensor [B, T] -> logits [B, T, V]).
 
     `dtype` ("fp32", "bf16", "fp16") adds the model-level precision audit
     (`precision_audit.audit_model_precision`) at learning rates `lr` and `min_lr`, with the
-    weights kept in `master_weights`, plus a shadow run of `shadow_steps` steps if > 0. Raises `ModelCheckInputError` (exit 2) when the model
-    cannot be run as described.
+    weights kept in `master_weights`, plus a shadow run of `shadow_steps` steps if > 0.
+    `batch_cuts` tests one cut point per batch row when the model is batch-independent
+    (B times fewer passes); False always shares one cut across the batch (the slower
+    fallback used for batch-dependent models). Raises `ModelCheckInputError` (exit 2) when
+    the model cannot be run as described.
     """
     _validate(model, vocab_size, seq_len, batch_size)
     t0 = time.perf_counter()
@@ -158,7 +163,7 @@ def run_model_checks(
     details: dict[str, Any] = {"modes": list(modes), "cut_points": cut_points(seq_len, n_cuts)}
     try:
         for mode in modes:
-            findings += _check_mode(runner, mode, n_cuts)
+            findings += _check_mode(runner, mode, n_cuts, batch_cuts)
     finally:
         state.restore()
     if runner.moe_drops:

@@ -13,6 +13,8 @@ import multiprocessing
 import os
 import socket
 import tempfile
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -24,7 +26,7 @@ from trainguard.checks.precision_reduction import reduction_findings
 from trainguard.errors import TrainguardError
 from trainguard.findings import Finding
 from trainguard.numerics.comm_hook import fp32_accumulate_allreduce, fp32_accumulate_hook
-from trainguard.numerics.reduction import ReductionAudit, dtype_of, fit_bias_noise
+from trainguard.numerics.reduction import ReductionAudit, dtype_of, entry_scale, fit_with_stderr
 from trainguard.numerics.reduction import simulate_gradients as simulate
 
 METHODS = ("all_reduce", "fp32-accumulate", "ddp-fp32-hook")
@@ -51,10 +53,14 @@ class _GradientVector(nn.Module):
         return (self.w * g).sum()
 
 
-def _worker(rank: int, world: int, port: int, dtype: str, n: int, seed: int, out: str) -> None:
+def _worker(
+    rank: int, world: int, port: int, dtype: str, n: int, seed: int, out: str, ddp: bool
+) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, init_method="env://")
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, init_method="env://", timeout=timedelta(seconds=120)
+    )
     try:
         g = simulate(world, n, dtype_of(dtype), seed)[rank]
         results = {}
@@ -62,11 +68,12 @@ def _worker(rank: int, world: int, port: int, dtype: str, n: int, seed: int, out
         dist.all_reduce(t)  # native: summed in the dtype
         results["all_reduce"] = t
         results["fp32-accumulate"] = fp32_accumulate_allreduce(g.clone())
-        model = nn.parallel.DistributedDataParallel(_GradientVector(n, g.dtype))
-        model.register_comm_hook(None, fp32_accumulate_hook)
-        model(g).backward()
-        # DDP averages; times the world size (a power of two here, so exact) gives the sum.
-        results["ddp-fp32-hook"] = model.module.w.grad.detach() * world
+        if ddp:
+            model = nn.parallel.DistributedDataParallel(_GradientVector(n, g.dtype))
+            model.register_comm_hook(None, fp32_accumulate_hook)
+            model(g).backward()
+            # DDP averages; times the world size (a power of two here: exact) is the sum.
+            results["ddp-fp32-hook"] = model.module.w.grad.detach() * world
         if rank == 0:
             torch.save({k: v.double() for k, v in results.items()}, out)
         dist.barrier()
@@ -75,21 +82,36 @@ def _worker(rank: int, world: int, port: int, dtype: str, n: int, seed: int, out
 
 
 def collective_results(
-    world_size: int, dtype: str, n_elements: int = 4096, seed: int = 0
+    world_size: int,
+    dtype: str,
+    n_elements: int = 4096,
+    seed: int = 0,
+    ddp: bool = True,
+    timeout: float = 300.0,
 ) -> dict[str, torch.Tensor]:
-    """Rank 0's reduced sums (float64) per method in `METHODS`, from `world_size` local gloo
-    processes each holding its row of `simulate_gradients(world_size, n_elements, dtype)`."""
+    """Rank 0's reduced sums (float64) per method in `METHODS` (without "ddp-fp32-hook" when
+    `ddp` is False: DDP's first use imports torch._dynamo, seconds per process), from
+    `world_size` local gloo processes each holding its row of `simulate_gradients(...)`."""
     dtype_of(dtype)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "rank0.pt")
-        args = (world_size, free_port(), dtype, n_elements, seed, out)
-        # A fork server imports torch (and torch._dynamo, which DDP imports on construction)
-        # once per session; each worker then forks from it in a fraction of a second instead
-        # of re-importing torch, and never inherits a parent's OpenMP thread pool.
-        multiprocessing.set_forkserver_preload([__name__, "torch._dynamo"])
+        args = (world_size, free_port(), dtype, n_elements, seed, out, ddp)
+        # A fork server imports torch once per session; each worker then forks from it in a
+        # fraction of a second instead of re-importing torch, and never inherits a parent's
+        # OpenMP thread pool. (Preloading torch._dynamo, which DDP imports, can deadlock the
+        # fork: its import starts threads.)
+        multiprocessing.set_forkserver_preload([__name__])
         try:
-            mp.start_processes(_worker, args=args, nprocs=world_size, start_method="forkserver")
-        except Exception as e:  # a worker died: surface it as a clear error
+            ctx = mp.start_processes(
+                _worker, args=args, nprocs=world_size, start_method="forkserver", join=False
+            )
+            deadline = time.monotonic() + timeout
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    for p in ctx.processes:
+                        p.kill()
+                    raise TimeoutError(f"no result after {timeout:.0f} s")
+        except Exception as e:  # a worker died or hung: surface it as a clear error
             raise CollectiveError(
                 f"the gloo process group of {world_size} local processes failed: {e}",
                 "check that 127.0.0.1 accepts local TCP connections and that torch.distributed "
@@ -99,31 +121,36 @@ def collective_results(
 
 
 def measure_collective(
-    world_size: int, dtype: str, n_elements: int = 4096, seed: int = 0
+    world_size: int, dtype: str, n_elements: int = 4096, seed: int = 0, ddp: bool = True
 ) -> list[ReductionAudit]:
     """Bias and noise of the real gloo all_reduce, the fp32-accumulating all_reduce and DDP
     with `fp32_accumulate_hook`, for `world_size` local processes."""
-    results = collective_results(world_size, dtype, n_elements, seed)
-    exact = simulate(world_size, n_elements, dtype_of(dtype), seed).double().sum(0)
+    results = collective_results(world_size, dtype, n_elements, seed, ddp)
+    x = simulate(world_size, n_elements, dtype_of(dtype), seed)
+    exact, scale = x.double().sum(0), entry_scale(x)
     audits = []
-    for method in METHODS:
-        slope, noise = fit_bias_noise(results[method], exact)
+    for method in results:
+        slope, noise, se = fit_with_stderr(results[method], exact, scale)
         audits.append(
             ReductionAudit(
-                dtype, method, world_size, n_elements, slope, abs(1 - slope), noise, "gloo"
+                dtype, method, world_size, n_elements, slope, abs(1 - slope), noise, "gloo", se
             )
         )
     return audits
 
 
 def check_collective(
-    dtype: str, world_sizes: tuple[int, ...] = (2, 4), n_elements: int = 4096, seed: int = 0
+    dtype: str,
+    world_sizes: tuple[int, ...] = (2, 4),
+    n_elements: int = 4096,
+    seed: int = 0,
+    ddp: bool = True,
 ) -> tuple[list[Finding], list[ReductionAudit]]:
     """N101/N102 findings of the real collectives at each world size."""
     findings: list[Finding] = []
     audits: list[ReductionAudit] = []
     for world in world_sizes:
-        for audit in measure_collective(world, dtype, n_elements, seed):
+        for audit in measure_collective(world, dtype, n_elements, seed, ddp):
             audits.append(audit)
             findings += reduction_findings(audit)
     return findings, audits

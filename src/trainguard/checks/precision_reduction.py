@@ -22,7 +22,8 @@ def reduction_findings(audit: ReductionAudit) -> list[Finding]:
                 "N101",
                 f"biased reduction: a {audit.dtype} {audit.algorithm} sum over "
                 f"{audit.world_size} ranks {direction} the gradient by a factor {audit.slope:.4f} "
-                f"(|1 - slope| = {audit.bias:.2g} > {BIAS_LIMIT:g}); the error compounds over "
+                f"(|1 - slope| = {audit.bias:.2g} > {BIAS_LIMIT:g}, standard error "
+                f"{audit.slope_stderr:.1g}); the error compounds over "
                 "steps",
                 where=where,
                 data=audit.to_dict(),

@@ -67,8 +67,15 @@ def register(app: typer.Typer) -> None:
                 "give --vocab-size V",
             )
         report = run_model_checks(
-            model, vocab, seq_len, batch_size=batch_size, dtype=dtype, seed=seed, lr=lr,
-            master_weights=master_weights, shadow_steps=shadow_steps,
+            model,
+            vocab,
+            seq_len,
+            batch_size=batch_size,
+            dtype=dtype,
+            seed=seed,
+            lr=lr,
+            master_weights=master_weights,
+            shadow_steps=shadow_steps,
         )
         if not as_json:
             for name, s in report.stats.items():
@@ -77,5 +84,9 @@ def register(app: typer.Typer) -> None:
                     markup=False,
                 )
         extra = {k: v for k, v in report.to_dict().items() if k not in ("ok", "findings")}
-        emit(report.findings, as_json, extra={"target": target, "vocab_size": vocab, **extra},
-             title="check-model")
+        emit(
+            report.findings,
+            as_json,
+            extra={"target": target, "vocab_size": vocab, **extra},
+            title="check-model",
+        )

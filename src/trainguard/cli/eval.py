@@ -16,7 +16,7 @@ class _DefaultToRun(TyperGroup):
     """`eval PATH ...` means `eval run PATH ...`; `eval lint SPEC` stays a subcommand.
 
     A group callback cannot take a positional argument without swallowing the subcommand
-    name, so a first argument that names no subcommand is routed to the hidden `run`.
+    name, so a first argument that names no subcommand is routed to `run`.
     """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -33,7 +33,7 @@ eval_app = typer.Typer(
 )
 
 
-@eval_app.command("run", hidden=True)
+@eval_app.command("run")
 @handle_errors
 def eval_run(
     target: Path = typer.Argument(..., help="Run dir (newest checkpoint) or checkpoint folder."),
@@ -44,7 +44,7 @@ def eval_run(
     device: str = typer.Option("cpu", help="torch device."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Run the evals (and canaries) on demand."""
+    """Run the evals and canaries on a run dir or checkpoint; `eval PATH` is short for this."""
     from trainguard.evals.config import EvalsConfig
     from trainguard.evals.load import find_checkpoint, load_model_for_eval
     from trainguard.evals.runner import run_evals

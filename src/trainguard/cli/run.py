@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -30,15 +31,46 @@ def register(app: typer.Typer) -> None:
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+        no_evals: Annotated[
+            bool,
+            typer.Option("--no-evals", help="Train without use-case evals, on purpose."),
+        ] = False,
+        nproc: Annotated[
+            int | None,
+            typer.Option(
+                "--nproc",
+                help="Train with N local processes (data parallel, torch.distributed's elastic "
+                "launcher; gloo on CPU, nccl on GPU). For several machines run under torchrun.",
+            ),
+        ] = None,
+        max_restarts: Annotated[
+            int,
+            typer.Option(
+                "--max-restarts",
+                help="With --nproc: restart all processes this many times after a failure "
+                "(a hung rank exits 3); each restart resumes from the last checkpoint.",
+            ),
+        ] = 0,
     ) -> None:
         """Prepare data, run pre-flight checks, train with verified checkpoints and auto-resume,
         evaluate, and write a report. Running it again in the same run dir resumes."""
         from trainguard.config.load import load_recipe
         from trainguard.train.run import run_recipe
 
-        resolved = load_recipe(recipe, overrides)
+        resolved = load_recipe(recipe, overrides)  # bad recipes fail here, before any launch
         folder = run_dir or Path("runs") / resolved.name
-        result = run_recipe(resolved, folder, progress=not (quiet or as_json))
+        if nproc is not None:
+            from trainguard.train.launch import launch
+
+            worker = ["run", recipe, "--run-dir", str(folder)]
+            for o in overrides or []:
+                worker += ["--set", o]
+            worker += ["--json"] if as_json else []
+            worker += ["--quiet"] if quiet else []
+            raise typer.Exit(launch(nproc, worker, max_restarts))
+        result = run_recipe(resolved, folder, progress=not (quiet or as_json), evals=not no_evals)
+        if int(os.environ.get("RANK", "0")) != 0:
+            raise typer.Exit(EXIT_OK)  # rank 0 speaks for the job
         # The run finished: faults it met were handled by its guards (they are in the findings
         # and the report). A halt or a failed pre-flight raises instead and exits 1.
         errors = [f for f in result.findings if f.severity == "error"]

@@ -61,10 +61,17 @@ def register(app: typer.Typer) -> None:
         level: float = typer.Option(0.95, "--level", min=0.5, max=0.999, help="Band coverage."),
         plot: Path = typer.Option(None, "--plot", help="Write a PNG of data, fit and band."),
         seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+        band: Path = typer.Option(
+            None,
+            "--band",
+            help="Write the prediction band over tokens for the (single) "
+            "--predict point as JSON, for the big run's off-track alarm.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Fit L(N, D) = E + A/N^alpha + B/D^beta (Chinchilla approach 3) with bootstrap bands."""
-        from trainguard.scaling.fit import fit_scaling_law, read_runs_csv
+        from trainguard.scaling.fit import fit_scaling_law
+        from trainguard.scaling.grid import read_runs_csv
 
         points = [_parse_point(p) for p in predict or []]
         n, d, loss = read_runs_csv(runs)
@@ -75,6 +82,16 @@ def register(app: typer.Typer) -> None:
             from trainguard.scaling.plot import plot_fit
 
             extra["plot"] = str(plot_fit(result, n, d, loss, plot, preds))
+        if band is not None:
+            if len(points) != 1:
+                raise BadInputError(
+                    "--band needs exactly one --predict N,D (the big run's size and budget)",
+                    "give one --predict with --band",
+                )
+            from trainguard.scaling.offtrack import PredictionBand
+
+            pb = PredictionBand.from_fit(result, points[0][0], points[0][1], level=level)
+            extra["band"] = str(pb.save(band))
         if not as_json:
             law = result.law
             console.print(

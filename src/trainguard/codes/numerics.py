@@ -133,7 +133,7 @@ register(
         severity="warning",
         catches=(
             "A shadow run of K steps in the candidate precision against float64, from the same "
-            "initial weights and data: ||theta - theta_ref|| grows like steps^p with p >= 0.8 "
+            "initial weights and data: ||theta - theta_ref|| grows like steps^p with p >= 0.75 "
             "(p near 1: bias that compounds; near 0.5: noise that averages out)."
         ),
         why="A compounding error drives the run to a different model, not a noisier one.",

@@ -6,11 +6,13 @@ field; `docs/recipes.md` lists them all (generated from this file).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainguard.evals.config import EvalsConfig
 from trainguard.guard import GuardsConfig
+from trainguard.train.distributed import DistributedConfig
 
 
 class _Section(BaseModel):
@@ -122,7 +124,11 @@ class CheckpointConfig(_Section):
     keep: int = Field(3, ge=1)
     """Valid checkpoints to keep; the newest verified one is never deleted."""
     dir: str | None = None
-    """Where checkpoints go. Default: `RUN_DIR/checkpoints`."""
+    """Where checkpoints go: a path or any fsspec URL (`s3://bucket/prefix`, `file://...`).
+    Default: `RUN_DIR/checkpoints`."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec options for a URL `dir`, e.g. `{key, secret, client_kwargs: {endpoint_url}}`
+    for S3-compatible stores; empty uses the backend's defaults (environment credentials)."""
 
 
 class PreflightConfig(_Section):
@@ -130,6 +136,16 @@ class PreflightConfig(_Section):
     """Run the pre-flight checks before training."""
     fail_on_error: bool = True
     """Refuse to train when a pre-flight check reports an error finding."""
+
+
+class PredictionConfig(_Section):
+    band: str | None = None
+    """A band file from `trainguard scale fit --band`: the run's validation loss must stay in
+    the loss band the scaling-law fit predicts at each token count (E151 above, E152 below)."""
+    margin: float = Field(0.02, ge=0.0)
+    """Relative slack around the band before an evaluation counts as off track."""
+    patience: int = Field(2, ge=1)
+    """Consecutive off-track evaluations before the alarm fires."""
 
 
 class Recipe(_Section):
@@ -153,3 +169,10 @@ class Recipe(_Section):
     """Checks before the first step."""
     guards: GuardsConfig = Field(default_factory=GuardsConfig)
     """In-run detectors, their actions, the hang watchdog."""
+    evals: EvalsConfig = Field(default_factory=EvalsConfig)
+    """Use-case evals defined before training, run before, during and after it."""
+    prediction: PredictionConfig = Field(default_factory=PredictionConfig)
+    """Where a scaling-law fit says this run's loss should land (the off-track alarm)."""
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    """Several processes (`trainguard run --nproc N`, torchrun): timeouts, replica checks,
+    stragglers, hung ranks."""

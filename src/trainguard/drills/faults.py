@@ -12,6 +12,15 @@ Faults:
 - `hang@N`        step N sleeps forever in the forward pass (for the hang watchdog).
 - `bitflip@N`     flip the top exponent bit of one weight during step N only (silent corruption).
 - `slow@N`        step N and later sleep 0.2 s each (a straggler).
+
+Multi-process runs: a `/rR` suffix limits an item to rank R (`RANK` of torchrun), and items
+without one apply to every rank. Three faults are meant for one rank:
+- `bitflip@N/rR`  after step N's update, flip a low mantissa bit of one weight on rank R and
+                  leave it: the replicas diverge silently (the replica check, H201).
+- `slow@N/rR`     from step N on, rank R burns 0.2 s of CPU time in each forward pass: a slow
+                  chip computes slower, it does not sleep (the straggler monitor, H202).
+- `sleep@N/rR`    rank R sleeps 600 s in step N's forward pass while the others wait in the
+                  gradient all-reduce (the hung-rank diagnosis, R301).
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ import torch
 from trainguard.errors import BadInputError
 
 ENV_VAR = "TRAINGUARD_INJECT"
-KNOWN = {"kill", "nan", "spike", "hang", "bitflip", "slow"}
+KNOWN = {"kill", "nan", "spike", "hang", "bitflip", "slow", "sleep"}
+SLEEP_S = 600.0  # `sleep@N`: long enough for any collective timeout to notice
 
 
 @dataclass
@@ -39,22 +49,40 @@ class FaultPlan:
     hang_steps: set[int] = field(default_factory=set)
     bitflip_steps: set[int] = field(default_factory=set)
     slow_from: int | None = None
+    # Rank-targeted faults (a `/rR` item on this process's rank): see the module docstring.
+    replica_bitflip_steps: set[int] = field(default_factory=set)
+    burn_from: int | None = None
+    sleep_steps: set[int] = field(default_factory=set)
     fired: set[str] = field(default_factory=set)
     poisoned: dict[int, str] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, text: str | None) -> FaultPlan:
+    def parse(cls, text: str | None, rank: int | None = None) -> FaultPlan:
+        """`rank`: this process's rank (default: `RANK` from the environment, else 0)."""
+        rank = int(os.environ.get("RANK", "0")) if rank is None else rank
         plan = cls()
         for item in filter(None, (t.strip() for t in (text or "").split(","))):
-            name, _, where = item.partition("@")
+            body, _, target = item.partition("/")
+            name, _, where = body.partition("@")
             step_text, _, phase = where.partition(":")
-            if name not in KNOWN or not step_text.isdigit():
+            bad_target = bool(target) and not (target[:1] == "r" and target[1:].isdigit())
+            if name not in KNOWN or not step_text.isdigit() or bad_target:
                 raise BadInputError(
                     f"cannot parse fault {item!r} in {ENV_VAR}",
-                    f"use fault@step with fault one of {sorted(KNOWN)}, e.g. kill@7:backward",
+                    f"use fault@step[:phase][/rRANK] with fault one of {sorted(KNOWN)}, "
+                    "e.g. kill@7:backward or slow@5/r1",
                 )
+            if target and int(target[1:]) != rank:
+                continue  # another rank's fault
             step = int(step_text)
-            if name == "kill":
+            if target and name in ("bitflip", "slow"):
+                if name == "bitflip":
+                    plan.replica_bitflip_steps.add(step)
+                else:
+                    plan.burn_from = step
+            elif name == "sleep":
+                plan.sleep_steps.add(step)
+            elif name == "kill":
                 plan.kills[step] = phase or "forward"
             elif name == "nan":
                 plan.nan_steps.add(step)
@@ -78,6 +106,8 @@ class FaultPlan:
             bool(self.kills or self.nan_steps or self.spike_steps or self.hang_steps)
             or bool(self.bitflip_steps)
             or self.slow_from is not None
+            or bool(self.replica_bitflip_steps or self.sleep_steps)
+            or self.burn_from is not None
         )
 
     def at(self, phase: str, step: int) -> None:
@@ -89,6 +119,26 @@ class FaultPlan:
                 time.sleep(1.0)
         if phase == "forward" and self.slow_from is not None and step >= self.slow_from:
             time.sleep(0.2)
+        if phase == "forward" and self.burn_from is not None and step >= self.burn_from:
+            end = time.thread_time() + 0.2
+            while time.thread_time() < end:  # busy: a slow chip, not an idle one
+                pass
+        if phase == "forward" and step in self.sleep_steps and f"sleep@{step}" not in self.fired:
+            self.fired.add(f"sleep@{step}")
+            time.sleep(SLEEP_S)
+
+    def corrupt_replica(self, step: int, model: torch.nn.Module) -> bool:
+        """`bitflip@N/rR`: after step N's update, flip bit 12 of one weight's mantissa on this
+        rank and leave it. Small enough to leave the loss unremarkable, so only a comparison
+        of the replicas can see it. True when it flipped."""
+        key = f"replica_bitflip@{step}"
+        if step not in self.replica_bitflip_steps or key in self.fired:
+            return False
+        self.fired.add(key)
+        weight = next(p for p in model.parameters() if p.dim() == 2 and p.dtype == torch.float32)
+        with torch.no_grad():
+            weight.data.view(torch.int32).view(-1)[0] ^= 1 << 12
+        return True
 
     def corrupt_loss(self, step: int, position: int, loss: torch.Tensor) -> torch.Tensor:
         """A poisoned (NaN) or outlier (x50) batch.
@@ -120,8 +170,7 @@ class FaultPlan:
             yield
             return
         self.fired.add(key)
-        weight = next(p for p in model.parameters() if p.dim() == 2 and p.dtype == torch.float32)
-        bits = weight.data.view(torch.int32).view(-1)
+        bits = _read_by_every_token(model).data.view(torch.int32).view(-1)
         with torch.no_grad():
             bits[0] ^= 1 << 30
         try:
@@ -129,3 +178,13 @@ class FaultPlan:
         finally:
             with torch.no_grad():
                 bits[0] ^= 1 << 30
+
+
+def _read_by_every_token(model: torch.nn.Module) -> torch.Tensor:
+    """The first linear layer's weight: every token's computation reads it. (An embedding row
+    is read only when its token occurs, so a flip there can stay latent and the drill would
+    test nothing.)"""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32:
+            return m.weight
+    return next(p for p in model.parameters() if p.dim() == 2 and p.dtype == torch.float32)

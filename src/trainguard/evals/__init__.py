@@ -1,0 +1,1 @@
+"""Evaluation first: eval specs, the runner, template lint, canaries, drift (issue 7)."""

@@ -108,6 +108,8 @@ def _lint_row(col: _Collector, task: TaskSpec, i: int, row: dict[str, Any], tok,
     elif tok is not None:
         start = tok.token_to_id(bos or DOC_START)
         if start is None:
+            if bos:  # the spec names a start token this tokenizer does not have
+                col.add("E113", i, f"the tokenizer has no token {bos!r}, so none is added")
             return
         ids = encode_context(tok, bos, text)
         lead = next((k for k, t in enumerate(ids) if t != start), len(ids))

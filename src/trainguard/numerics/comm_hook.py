@@ -17,7 +17,7 @@ import torch.distributed as dist
 def fp32_accumulate_allreduce(
     tensor: torch.Tensor, group: Any = None, average: bool = False
 ) -> torch.Tensor:
-    """All-reduce `tensor` (any float dtype) with fp32 accumulation; result in its dtype, in place."""
+    """All-reduce `tensor` with fp32 accumulation, in place: one rounding to its dtype."""
     world = dist.get_world_size(group)
     wide = tensor.to(torch.float32)
     dist.all_reduce(wide, group=group)
@@ -27,9 +27,7 @@ def fp32_accumulate_allreduce(
     return tensor
 
 
-def fp32_accumulate_hook(
-    state: Any, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
+def fp32_accumulate_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average the bucket's gradients with fp32 accumulation.
 
     `state` is the process group to use, or None for the default group (as in torch's

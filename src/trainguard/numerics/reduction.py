@@ -12,9 +12,11 @@ bf16/fp16 add to nearest even, as GPUs do).
 - fp32-accumulate: upcast to fp32, ring in fp32, one rounding back to the dtype at the end
   (what `fp32_accumulate_hook` does).
 
-The reduced sum y is regressed on the exact sum x (float64 of the same rounded inputs):
-slope = <x, y> / <x, x> is the bias (swamping shrinks sums: slope < 1), the residual RMS
-relative to RMS(x) is the noise.
+The reduced sum y is regressed on the exact sum x (float64 of the same rounded inputs), each
+entry divided by its magnitude (the RMS of its per-rank values) so that every entry counts
+alike and the few largest do not decide the fit: slope = <x, y> / <x, x> is the bias
+(swamping shrinks sums: slope < 1), the residual RMS relative to RMS(x) is the noise. A bias
+is reported only when it is also 4 standard errors from 1, so few entries cannot fake one.
 """
 
 from __future__ import annotations
@@ -49,10 +51,11 @@ class ReductionAudit:
     bias: float
     noise: float
     source: str = "simulated"
+    slope_stderr: float = 0.0
 
     @property
     def biased(self) -> bool:
-        return self.bias > BIAS_LIMIT
+        return self.bias > BIAS_LIMIT and self.bias > 4.0 * self.slope_stderr
 
     @property
     def noisy(self) -> bool:
@@ -121,16 +124,37 @@ def reduce_sum(x: torch.Tensor, algorithm: str) -> torch.Tensor:
     )
 
 
-def fit_bias_noise(reduced: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
+def fit_bias_noise(
+    reduced: torch.Tensor, exact: torch.Tensor, scale: torch.Tensor | None = None
+) -> tuple[float, float]:
     """(slope, noise): least-squares slope through the origin of reduced on exact, and the
-    residual RMS relative to the RMS of exact."""
+    residual RMS relative to the RMS of exact; entries divided by `scale` first if given."""
+    slope, noise, _ = fit_with_stderr(reduced, exact, scale)
+    return slope, noise
+
+
+def fit_with_stderr(
+    reduced: torch.Tensor, exact: torch.Tensor, scale: torch.Tensor | None = None
+) -> tuple[float, float, float]:
+    """(slope, noise, standard error of the slope); see `fit_bias_noise`."""
     y, x = reduced.double().flatten(), exact.double().flatten()
+    if scale is not None:
+        w = scale.double().flatten()
+        keep = w > 0
+        y, x = y[keep] / w[keep], x[keep] / w[keep]
     xx = float(x @ x)
     if xx == 0.0:
-        return 1.0, 0.0
+        return 1.0, 0.0, 0.0
     slope = float(x @ y) / xx
     resid = y - slope * x
-    return slope, float(resid.norm() / x.norm())
+    dof = max(1, x.numel() - 1)
+    stderr = float(resid.norm()) / (dof**0.5) / xx**0.5
+    return slope, float(resid.norm() / x.norm()), stderr
+
+
+def entry_scale(per_rank: torch.Tensor) -> torch.Tensor:
+    """Magnitude of each gradient entry: the RMS of its per-rank values (R, N) -> (N,)."""
+    return per_rank.double().pow(2).mean(0).sqrt()
 
 
 def audit_reduction(
@@ -152,5 +176,7 @@ def audit_reduction(
         )
     x = simulate_gradients(world_size, n_elements, dtype_of(dtype), seed, noise_ratio)
     exact = x.double().sum(0)
-    slope, noise = fit_bias_noise(reduce_sum(x, algorithm), exact)
-    return ReductionAudit(dtype, algorithm, world_size, n_elements, slope, abs(1 - slope), noise)
+    slope, noise, se = fit_with_stderr(reduce_sum(x, algorithm), exact, entry_scale(x))
+    return ReductionAudit(
+        dtype, algorithm, world_size, n_elements, slope, abs(1 - slope), noise, "simulated", se
+    )

@@ -19,7 +19,8 @@ from trainguard.report import plots
 from trainguard.train.metrics import METRICS_FILE, read_metrics
 from trainguard.util.atomic import atomic_write_text
 
-_CORE_EVAL_KEYS = {"kind", "step", "val_loss", "val_bpb"}
+# Columns of "evals" rows that are bookkeeping, not metrics to plot.
+_EVALS_BOOKKEEPING = {"kind", "step", "eval_seconds"}
 
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222;padding:0 1em}
@@ -62,11 +63,23 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "recipe": recipe,
         "steps": [r for r in rows if r.get("kind") == "step"],
         "evals": [r for r in rows if r.get("kind") == "eval"],
+        "use_case": [r for r in rows if r.get("kind") == "evals"],
+        "band": _band(recipe),
         "findings": [r for r in rows if r.get("kind") == "finding"],
         "events": events,
         "env": env,
         "checkpoints": _checkpoints(run_dir, recipe),
     }
+
+
+def _band(recipe: dict[str, Any]) -> dict[str, Any] | None:
+    path = (recipe.get("prediction") or {}).get("band")
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -110,10 +123,22 @@ def render_html(info: dict[str, Any]) -> str:
         parts.append(
             _img(plots.series_plot(steps, "tokens_per_s", "Throughput", "tokens/s"), "throughput")
         )
-    extra_keys = sorted({k for e in evals for k in e} - _CORE_EVAL_KEYS)
-    if extra_keys:
-        parts.append("<h2>Evaluations</h2>")
-        parts.append(_img(plots.eval_metrics_plot(evals, extra_keys), "evals"))
+    use_case = info["use_case"]
+    # Plot the scores; "/n" columns are example counts.
+    keys = sorted(
+        {k for e in use_case for k, v in e.items() if isinstance(v, float) and not k.endswith("/n")}
+        - _EVALS_BOOKKEEPING
+    )
+    if keys:
+        parts.append("<h2>Use-case evaluations</h2>")
+        parts.append(_img(plots.eval_metrics_plot(use_case, keys), "evals"))
+        last = use_case[-1]
+        parts.append(
+            _table(["metric", f"step {last['step']}"], [[k, _fmt(last.get(k))] for k in keys])
+        )
+    if info["band"]:
+        parts.append("<h2>Scaling-law prediction</h2>")
+        parts.append(_img(plots.prediction_plot(info["band"], evals), "prediction"))
     parts.append("<h2>Findings</h2>")
     if info["findings"]:
         rows = [

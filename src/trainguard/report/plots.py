@@ -65,3 +65,19 @@ def eval_metrics_plot(evals: list[dict[str, Any]], keys: list[str]) -> bytes:
     ax.legend(fontsize=8)
     ax.set_title("Evaluations")
     return _png(fig)
+
+
+def prediction_plot(band: dict[str, Any], evals: list[dict[str, Any]]) -> bytes:
+    """The run's validation loss against the loss band a scaling-law fit predicted for it."""
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    ax.fill_between(band["tokens"], band["low"], band["high"], alpha=0.25, label="predicted band")
+    ax.plot(band["tokens"], band["loss"], "--", color="C0", label="prediction")
+    x, y = _finite([r.get("tokens", 0) for r in evals], [r.get("val_loss") for r in evals])
+    ax.plot(x, y, "o-", color="C3", label="validation loss")
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Scaling-law prediction ({band['params']:.3g} parameters)")
+    return _png(fig)

@@ -25,10 +25,8 @@ data this gives the same fit and the same bootstrap band as one scipy call per s
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -328,31 +326,3 @@ def _bootstrap(theta, grid, data, delta, n_boot, boot_starts, seed, max_iter) ->
     f = np.where(np.isfinite(f).any(axis=0), f, res.f.reshape(k, n_boot))
     best = np.argmin(f, axis=0)
     return res.x.reshape(k, n_boot, 5)[best, np.arange(n_boot)]
-
-
-def read_runs_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(params, tokens, loss) from a CSV with at least those three columns."""
-    path = Path(path)
-    if not path.is_file():
-        raise BadInputError(f"runs CSV {path} does not exist", "give the CSV `scale run` wrote")
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = {"params", "tokens", "loss"} - set(reader.fieldnames or [])
-        if missing:
-            raise BadInputError(
-                f"{path} lacks columns {sorted(missing)} (has {reader.fieldnames})",
-                "the CSV needs a header with params,tokens,loss",
-            )
-        rows = []
-        for i, row in enumerate(reader, start=2):
-            try:
-                rows.append((float(row["params"]), float(row["tokens"]), float(row["loss"])))
-            except (TypeError, ValueError):
-                raise BadInputError(
-                    f"{path} line {i}: params, tokens and loss must be numbers, got {row}",
-                    "fix or delete that line",
-                ) from None
-    if not rows:
-        raise BadInputError(f"{path} has no runs", "run `trainguard scale run` first")
-    arr = np.array(rows)
-    return arr[:, 0], arr[:, 1], arr[:, 2]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from trainguard.errors import BadInputError, TrainguardError
@@ -139,3 +140,31 @@ def run_grid(
         append_row(csv_path, row)
         rows.append(row)
     return rows, findings
+
+
+def read_runs_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(params, tokens, loss) from a CSV with at least those three columns."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"runs CSV {path} does not exist", "give the CSV `scale run` wrote")
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = {"params", "tokens", "loss"} - set(reader.fieldnames or [])
+        if missing:
+            raise BadInputError(
+                f"{path} lacks columns {sorted(missing)} (has {reader.fieldnames})",
+                "the CSV needs a header with params,tokens,loss",
+            )
+        rows = []
+        for i, row in enumerate(reader, start=2):
+            try:
+                rows.append((float(row["params"]), float(row["tokens"]), float(row["loss"])))
+            except (TypeError, ValueError):
+                raise BadInputError(
+                    f"{path} line {i}: params, tokens and loss must be numbers, got {row}",
+                    "fix or delete that line",
+                ) from None
+    if not rows:
+        raise BadInputError(f"{path} has no runs", "run `trainguard scale run` first")
+    arr = np.array(rows)
+    return arr[:, 0], arr[:, 1], arr[:, 2]

@@ -11,12 +11,16 @@ good to be true: leakage, duplicates, another tokenizer).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from trainguard.errors import BadInputError
 from trainguard.findings import Finding
+from trainguard.util.atomic import atomic_write_text
 
 
 @dataclass
@@ -43,6 +47,25 @@ class PredictionBand:
         x = np.log(np.asarray(self.tokens))
         t = float(np.log(max(tokens, 1.0)))
         return tuple(float(np.interp(t, x, v)) for v in (self.loss, self.low, self.high))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the band as JSON, for `OffTrackMonitor` in the big run."""
+        atomic_write_text(path, json.dumps(self.to_dict()))
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> PredictionBand:
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+            band = cls(**{k: d[k] for k in ("params", "tokens", "loss", "low", "high")})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BadInputError(
+                f"prediction band {path} is unreadable: {e}",
+                "write it with `trainguard scale fit RUNS.csv --predict N,D --band FILE`",
+            ) from None
+        if not band.tokens or not len(band.tokens) == len(band.low) == len(band.high):
+            raise BadInputError(f"prediction band {path} is empty or ragged", "rewrite it")
+        return band
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -41,6 +41,7 @@ class MetricsLog:
         A resumed run recomputes those steps, so keeping them would log them twice; the
         dropped step rows' batch hashes let the resumed run prove it replays the same data.
         """
+        self.close()  # the file is replaced below; an open handle would write to the old one
         if not self.path.exists():
             return []
         kept, dropped = [], []

@@ -61,7 +61,16 @@ def shuffle_findings(session: RunSession) -> tuple[list[Finding], dict]:
     return findings, stats
 
 
-CHECKS = {"model": model_findings, "tokenizer": tokenizer_findings, "shuffle": shuffle_findings}
+def eval_lint_findings(session: RunSession) -> tuple[list[Finding], dict]:
+    return session.evals.lint(), {}
+
+
+CHECKS = {
+    "model": model_findings,
+    "tokenizer": tokenizer_findings,
+    "shuffle": shuffle_findings,
+    "evals": eval_lint_findings,
+}
 
 
 def run_preflight(session: RunSession) -> tuple[list[Finding], dict[str, dict]]:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-from trainguard.checkpoint.store import CheckpointStore
 from trainguard.config.load import recipe_to_dict
 from trainguard.config.schema import Recipe
 from trainguard.data.order import compare_batch_hashes
@@ -20,14 +19,18 @@ from trainguard.data.shards import compare_identity, data_identity
 from trainguard.drills.faults import FaultPlan
 from trainguard.errors import PreflightFailed
 from trainguard.findings import Finding
-from trainguard.guard import Guard
+from trainguard.guard import Decision, Guard
 from trainguard.model.gpt import GPT
 from trainguard.monitors.watchdog import Watchdog
 from trainguard.train import rundir
 from trainguard.train.actions import StepPositions, next_position, rerun_to_classify, rollback
+from trainguard.train.distributed import Dist, init_distributed
 from trainguard.train.envinfo import drift_findings, environment_fingerprint
+from trainguard.train.evals_hook import RunEvals
 from trainguard.train.loop import Trainer, World
 from trainguard.train.metrics import MetricsLog, ProgressDisplay
+from trainguard.train.multiproc import MultiProcessGuards
+from trainguard.train.shared_store import checkpoint_root, open_store
 from trainguard.train.state import TrainerState, read_checkpoint_files, write_checkpoint_files
 
 
@@ -61,8 +64,7 @@ def build_optimizer(recipe: Recipe, model: GPT) -> torch.optim.Optimizer:
     return model.configure_optimizer(t.lr, t.weight_decay, (t.beta1, t.beta2))
 
 
-def checkpoint_root(recipe: Recipe, run_dir: Path) -> str:
-    return recipe.checkpoint.dir or str(run_dir / "checkpoints")
+__all__ = ["RunResult", "RunSession", "checkpoint_root", "run_recipe"]
 
 
 class RunSession:
@@ -77,15 +79,19 @@ class RunSession:
         world: World | None = None,
         faults: FaultPlan | None = None,
         device: torch.device | None = None,
+        dist: Dist | None = None,
+        evals: bool = True,
     ) -> None:
         self.recipe = recipe
+        # One process unless torchrun started us (train/distributed.py).
+        self.dist = dist or Dist(world=world or World())
         self.recipe_dict = recipe_to_dict(recipe)
         self.run_dir = Path(run_dir)
         self.progress_enabled = progress
-        self.world = world or World()
+        self.world = self.dist.world
         self.is_main = self.world.rank == 0
         self.faults = faults if faults is not None else FaultPlan.from_env()
-        self.device = device or torch.device("cpu")
+        self.device = device or self.dist.device
         self.findings: list[Finding] = []
         self.metrics = MetricsLog(self.run_dir)
         self.env = environment_fingerprint()
@@ -94,6 +100,8 @@ class RunSession:
         self.last_eval: dict[str, float] = {}
         self.replayed_hashes: dict[int, str] = {}
         self.watchdog: Watchdog | None = None
+        self.multi = MultiProcessGuards(self)
+        self.evals = RunEvals(self, enabled=evals)  # refuses a recipe with no use-case eval
 
     # -- phases -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -106,16 +114,14 @@ class RunSession:
         if self.is_main:
             rundir.write_recipe(self.run_dir, self.recipe_dict)
             shutil.copyfile(self.data.tokenizer_path, self.run_dir / "tokenizer.json")
+        self.evals.attach_data()
         self.model = build_model(self.recipe, self.data.vocab_size, self.device)
         self.optimizer = build_optimizer(self.recipe, self.model)
+        # DDP (several processes) broadcasts rank 0's initial weights; None for one process.
+        self.ddp = self.dist.wrap(self.model, self.recipe.train.precision)
         if self.recipe.preflight.enabled:
             self.preflight()
-        self.store = CheckpointStore(
-            checkpoint_root(self.recipe, self.run_dir),
-            keep=self.recipe.checkpoint.keep,
-            rank=self.world.rank,
-            world_size=self.world.size,
-        )
+        self.store = open_store(self.recipe, self.run_dir, self.dist)
 
     def preflight(self) -> None:
         from trainguard.train.preflight import run_preflight
@@ -170,6 +176,7 @@ class RunSession:
         step = self.state.step
 
         self.state.guard = self.guard.state_dict()
+        self.state.evals = self.evals.state_dict()
 
         def write(folder: Path) -> None:
             write_checkpoint_files(
@@ -193,7 +200,9 @@ class RunSession:
         result = self.trainer.evaluate()
         self.last_eval = result
         if self.is_main:
-            self.metrics.write({"kind": "eval", "step": self.state.step, **result})
+            row = {"kind": "eval", "step": self.state.step, "tokens": self.state.tokens_seen}
+            self.metrics.write({**row, **result})
+        self.evals.after_validation(self.state.step, result)
         self.display.message(
             f"eval @ step {self.state.step}: val_loss {result['val_loss']:.4f}  "
             f"val_bpb {result['val_bpb']:.4f}"
@@ -213,6 +222,7 @@ class RunSession:
         if self.is_main:  # lets `trainguard watch` match a wave to the epoch length
             self.metrics.write({"kind": "meta", "data_period_steps": data_period})
         self.watchdog = None
+        self.trainer.on_phase = lambda phase, step: self.multi.timed(phase)
         if r.guards.enabled:
             floor = r.guards.hang_floor_s
             self.watchdog = Watchdog.from_config(
@@ -222,7 +232,13 @@ class RunSession:
                 # The first step compiles and warms caches; checkpoints and evals are long.
                 phase_floors={"startup": 4 * floor, "checkpoint": 4 * floor, "eval": 4 * floor},
             ).start()
-            self.trainer.on_phase = lambda phase, step: self.watchdog.set_phase(phase)
+            watchdog = self.watchdog
+
+            def on_phase(phase: str, step: int) -> None:
+                watchdog.set_phase(phase)
+                self.multi.timed(phase)
+
+            self.trainer.on_phase = on_phase
 
     def train(self) -> None:
         r = self.recipe
@@ -236,6 +252,7 @@ class RunSession:
             world=self.world,
             faults=self.faults,
             device=self.device,
+            ddp_model=self.ddp,
         )
         self.display = ProgressDisplay(
             t.max_steps,
@@ -244,8 +261,11 @@ class RunSession:
             enabled=self.progress_enabled and self.is_main,
         )
         self.start_guards()
+        self.evals.load_state_dict(self.state.evals)
+        self.evals.maybe_run(self.state.step)  # the baseline before the first step
         tokens_per_step = self.trainer.global_batch * r.data.seq_len
         positions = StepPositions()
+        self.multi.arm_sigterm_dump()
         try:
             if self.state.step == 0:
                 self.log_event("start", env=self.env)
@@ -254,7 +274,7 @@ class RunSession:
                 position = next_position(self)
                 positions.record(step, position)
                 t0 = time.perf_counter()
-                out = self.trainer.forward_backward(step, position)
+                out = self.multi.guarded(step, self.trainer.forward_backward, step, position)
                 tokens_per_s = tokens_per_step / (time.perf_counter() - t0)
                 decision = self.guard.step(
                     step, loss=out.loss, grad_norm=out.grad_norm, tokens_per_s=tokens_per_s
@@ -271,6 +291,13 @@ class RunSession:
                 else:
                     self.trainer.discard_update()
                     lr = 0.0
+                done = step == t.max_steps
+                checkpoint_due = step % r.checkpoint.interval == 0 or done
+                diverged = self.multi.check_update(step, checkpoint_due)
+                if diverged:  # H201: every rank reloads the newest verified checkpoint
+                    self.record(diverged)
+                    rollback(self, Decision(step, "rollback", diverged), positions)
+                    continue
                 self.state.advance(
                     self.trainer.global_batch, tokens_per_step, self.trainer.order.num_samples
                 )
@@ -294,18 +321,22 @@ class RunSession:
                     expected = {step: self.replayed_hashes.pop(step)}
                     self.record(compare_batch_hashes(expected, {step: out.batch_hash}))
                 self.display.update(step, out.loss, tokens_per_step / dt)
+                self.record(self.multi.after_step(step))
                 if self.watchdog is not None:
                     self.watchdog.heartbeat(step)
-                done = step == t.max_steps
                 if step % t.eval_interval == 0 or done:
                     self.evaluate()
-                if step % r.checkpoint.interval == 0 or done:
+                self.evals.maybe_run(step, final=done)
+                if checkpoint_due:
                     self.save_checkpoint()
+                if step % t.eval_interval == 0 or checkpoint_due:
+                    self.multi.sync(step)  # the others wait for rank 0's checkpoint write
             if self.resumed_from == t.max_steps or not self.last_eval:
                 self.evaluate()  # nothing left to train: still report where the model stands
         finally:
             if self.watchdog is not None:
                 self.watchdog.stop()
+            self.multi.disarm_sigterm_dump()
             self.display.close()
 
     def result(self) -> RunResult:
@@ -328,9 +359,16 @@ def run_recipe(
     progress: bool = True,
     faults: FaultPlan | None = None,
     report: bool = True,
+    evals: bool = True,
 ) -> RunResult:
-    """The whole guarded run. Resumes automatically when the run dir has checkpoints."""
-    session = RunSession(recipe, Path(run_dir), progress=progress, faults=faults)
+    """The whole guarded run. Resumes automatically when the run dir has checkpoints.
+
+    `evals=False` trains without use-case evals on purpose (`trainguard run --no-evals`).
+    """
+    dist = init_distributed(recipe.distributed, recipe.train.batch_size)
+    session = RunSession(
+        recipe, Path(run_dir), progress=progress, faults=faults, dist=dist, evals=evals
+    )
     try:
         session.setup()
         session.resume()
@@ -343,4 +381,5 @@ def run_recipe(
             from trainguard.report.build import write_report
 
             write_report(session.run_dir)
+        dist.close()
     return session.result()

@@ -40,6 +40,7 @@ class TrainerState:
     )
     skipped_positions: list[list[int]] = field(default_factory=list)
     guard: dict[str, Any] = field(default_factory=dict)
+    evals: dict[str, Any] = field(default_factory=dict)
 
     @property
     def loader_position(self) -> int:
@@ -62,6 +63,7 @@ class TrainerState:
             "loader": self.loader,
             "skipped_positions": self.skipped_positions,
             "guard": self.guard,
+            "evals": self.evals,
         }
 
 
@@ -123,6 +125,7 @@ def read_checkpoint_files(
         loader=json.loads((folder / LOADER_FILE).read_text()),
         skipped_positions=doc.get("skipped_positions", []),
         guard=doc.get("guard", {}),
+        evals=doc.get("evals", {}),
     )
     env = json.loads((folder / ENV_FILE).read_text())
     return trainer, env

@@ -1,0 +1,77 @@
+"""`trainguard drill`: inject each fault into a real run and print what was caught."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainguard.cli.common import console, emit, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("drill")
+    @handle_errors
+    def drill_command(
+        as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+        only: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--only",
+                help="Run only this drill (repeatable): nan, spike, kill_step, kill_checkpoint, "
+                "corrupt_checkpoint, hang, bitflip, shuffle, precision. The clean run always runs.",
+            ),
+        ] = None,
+        workdir: Annotated[
+            Path | None,
+            typer.Option("--workdir", help="Where the drill runs live. Default: a temp folder."),
+        ] = None,
+        keep: Annotated[
+            bool, typer.Option("--keep", help="Keep the run dirs (always kept with --workdir).")
+        ] = False,
+        recipe: Annotated[
+            str, typer.Option("--recipe", help="Recipe name or YAML path to drill.")
+        ] = "default",
+        overrides: Annotated[
+            list[str] | None,
+            typer.Option("--set", help="Override a recipe key after the drill settings."),
+        ] = None,
+        steps: Annotated[
+            int, typer.Option("--steps", min=30, help="Steps of each drill run.")
+        ] = 60,
+        jobs: Annotated[int, typer.Option("--jobs", min=1, help="Drills run side by side.")] = 1,
+        markdown: Annotated[
+            Path | None, typer.Option("--markdown", help="Also write the matrix as markdown.")
+        ] = None,
+    ) -> None:
+        """Fire drills: a clean run and one run per fault (NaN batch, loss spike, SIGKILL
+        mid-step and mid-checkpoint, corrupted checkpoint, hang, bit flip, poor shuffle,
+        low-precision reduction), each checked for detection and recovery. Exit 0 when every
+        fault was detected and recovered and the clean run stayed quiet."""
+        from trainguard.drills.matrix import matrix_markdown, matrix_table, verdict
+        from trainguard.drills.runner import DrillContext, DrillPlan, cleanup, run_drills
+
+        folder = workdir or Path(tempfile.mkdtemp(prefix="tg-drill-"))
+        ctx = DrillContext(
+            recipe=recipe, overrides=list(overrides or []), plan=DrillPlan(steps), workdir=folder
+        )
+        if not as_json:
+            console.print(f"running drills in {folder} (each is a real training run)...")
+        try:
+            rows = run_drills(ctx, list(only) if only else None, jobs=jobs)
+        finally:
+            if workdir is None and not keep:
+                cleanup(ctx)
+        findings = verdict(rows)
+        if markdown is not None:
+            markdown.write_text(matrix_markdown(rows), encoding="utf-8")
+        if not as_json:
+            console.print(matrix_table(rows))
+        extra = {
+            "rows": [r.to_dict() for r in rows],
+            "workdir": str(folder) if (workdir is not None or keep) else None,
+            "settings": ctx.settings(),
+        }
+        emit(findings, as_json, extra=extra, title="Fire drills")

@@ -1,0 +1,215 @@
+"""Data-parallel processes on torch.distributed: the recipe's `distributed` section, the process
+group from torchrun's environment, and the collectives trainguard itself needs.
+
+Launched by `trainguard run --nproc N` or by an external `torchrun`, every process reads RANK,
+WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT from its environment (torchrun sets them). Without
+them the run is one process and nothing here talks to the network.
+
+Two groups:
+- the default group (gloo on CPU, nccl on GPU) carries the gradients through DDP. Its timeout
+  is long while the run warms up (data preparation, the first step) and becomes
+  `collective_timeout_s` after `warmup_steps` steps, so a hung rank is noticed in seconds
+  rather than the backend's default 30 minutes;
+- a gloo "monitor" group with a long timeout carries trainguard's own traffic: monitored
+  barriers (the only collective that names the ranks that did not arrive), the resume step,
+  replica hashes and straggler timings. It never waits on the GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainguard.errors import ConfigError
+
+if TYPE_CHECKING:  # config/schema.py imports this module; the loop imports the schema
+    from trainguard.train.loop import World
+
+
+def _world(rank: int = 0, size: int = 1) -> World:
+    from trainguard.train.loop import World
+
+    return World(rank=rank, size=size)
+
+
+class DistributedConfig(BaseModel):
+    """The recipe's `distributed` section: only read when the run has more than one process."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    backend: str = Field("auto", pattern="^(auto|gloo|nccl)$")
+    """Process-group backend for the gradients: `auto` (nccl when every local rank has a GPU,
+    else gloo), `gloo` or `nccl`."""
+    init_timeout_s: float = Field(900.0, gt=0.0)
+    """Collective timeout until warm-up ends: the first rendezvous, data preparation on rank 0,
+    the first (compiling) step."""
+    warmup_steps: int = Field(2, ge=1)
+    """Steps each process runs before the short timeouts and step-boundary barriers start."""
+    collective_timeout_s: float = Field(300.0, gt=0.0)
+    """Timeout of the gradient all-reduce after warm-up. A rank that does not arrive within it
+    fails the collective; the ranks then run the hung-rank diagnosis (R301)."""
+    hang_timeout_s: float = Field(60.0, gt=0.0)
+    """How long the monitored barriers (step boundaries after warm-up, and the diagnosis after
+    a collective timeout) wait before naming the ranks that did not arrive (R301)."""
+    step_barrier: bool = True
+    """A monitored barrier at every step boundary after warm-up (one small round trip on the
+    gloo monitor group), so that a rank stuck outside any collective is also named."""
+    sync_timeout_s: float = Field(1800.0, gt=0.0)
+    """Timeout of the barriers where ranks wait for rank 0's checkpoint writes and for
+    evaluations, and of trainguard's own collectives (resume step, hashes, timings)."""
+    replica_check_interval: int = Field(50, ge=0)
+    """Compare the ranks' parameter hashes every this many steps and before every checkpoint
+    (H201); 0 disables it (checkpoints are then not guarded either)."""
+    replica_check_optimizer: bool = False
+    """Also hash the optimizer state (AdamW moments) in the replica check: stricter, slower."""
+    straggler_interval: int = Field(20, ge=0)
+    """Gather per-rank phase timings every this many steps and score stragglers (H202); 0
+    disables it."""
+    straggler_threshold: float = Field(0.5, gt=0.0, le=1.0)
+    """A rank is a straggler when both its score against the fastest rank (fastest busy time /
+    its busy time) and against its own history (its median busy time / now) fall below this:
+    0.5 means twice as slow as the fastest rank and as itself before."""
+    straggler_history: int = Field(8, ge=1)
+    """Intervals of a rank's own busy times its history median is taken over."""
+    fp32_reduce: bool = True
+    """With train.precision=bf16, all-reduce gradients with fp32 accumulation (numerics'
+    `fp32_accumulate_hook`): no swamping bias in the sum at any world size (N101)."""
+
+
+def _td(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+def env_world_size(env: dict[str, str] | None = None) -> int:
+    return int((env if env is not None else os.environ).get("WORLD_SIZE", "1"))
+
+
+@dataclass
+class Dist:
+    """This process's place in the job and the collectives trainguard uses."""
+
+    world: World = field(default_factory=_world)
+    config: DistributedConfig = field(default_factory=DistributedConfig)
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str = "none"
+    hosts: list[str] = field(default_factory=lambda: [socket.gethostname()])
+    monitor: Any = None  # the gloo monitor group
+    short_timeouts: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.world.size > 1
+
+    @property
+    def host(self) -> str:
+        return self.hosts[self.world.rank]
+
+    def where(self, rank: int) -> str:
+        return f"rank {rank} ({self.hosts[rank] if rank < len(self.hosts) else '?'})"
+
+    # -- trainguard's own collectives, on the gloo monitor group ---------------------------------
+    def barrier(self, timeout_s: float | None = None, wait_all_ranks: bool = True) -> None:
+        """A monitored barrier: raises naming the ranks that did not arrive within the timeout."""
+        if not self.active:
+            return
+        timeout = _td(timeout_s if timeout_s is not None else self.config.sync_timeout_s)
+        dist.monitored_barrier(self.monitor, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        if not self.active:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, group=self.monitor)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world.size
+        dist.all_gather_object(out, obj, group=self.monitor)
+        return out
+
+    # -- the gradient group ----------------------------------------------------------------------
+    def after_warmup(self) -> None:
+        """Shorten the default group's timeout: from now on a missing rank is noticed quickly."""
+        if self.active and not self.short_timeouts:
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+
+            _set_pg_timeout(_td(self.config.collective_timeout_s), None)
+            self.short_timeouts = True
+
+    def wrap(self, model: torch.nn.Module, precision: str) -> torch.nn.Module | None:
+        """The DDP wrapper (None for one process). bf16: gradients reduced with fp32 sums."""
+        if not self.active:
+            return None
+        return wrap_ddp(model, self.device, precision, self.config.fp32_reduce)
+
+    def close(self) -> None:
+        if self.active and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def wrap_ddp(
+    model: torch.nn.Module, device: torch.device, precision: str, fp32_reduce: bool = True
+) -> torch.nn.parallel.DistributedDataParallel:
+    """DDP over the default group. In bf16, gradients are averaged by numerics'
+    `fp32_accumulate_hook`: upcast, fp32 all-reduce, one rounding back (no swamping, N101)."""
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if precision == "bf16" and fp32_reduce:
+        from trainguard.numerics import fp32_accumulate_hook
+
+        ddp.register_comm_hook(None, fp32_accumulate_hook)
+    return ddp
+
+
+def _choose_backend(config: DistributedConfig, local_rank: int) -> str:
+    if config.backend != "auto":
+        return config.backend
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return "nccl" if gpus > local_rank else "gloo"
+
+
+def init_distributed(
+    config: DistributedConfig, batch_size: int, env: dict[str, str] | None = None
+) -> Dist:
+    """Join the job torchrun described in the environment; one process when there is none."""
+    env = dict(os.environ if env is None else env)
+    size = env_world_size(env)
+    if size <= 1:
+        return Dist(config=config)
+    rank, local_rank = int(env["RANK"]), int(env.get("LOCAL_RANK", "0"))
+    if batch_size % size:
+        raise ConfigError(
+            f"train.batch_size={batch_size} is not divisible by the {size} processes",
+            f"use a process count that divides {batch_size}, or change train.batch_size "
+            "(the global batch must not depend on the process count)",
+        )
+    backend = _choose_backend(config, local_rank)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend, rank=rank, world_size=size, timeout=_td(config.init_timeout_s)
+        )
+    monitor = dist.new_group(backend="gloo", timeout=_td(config.sync_timeout_s))
+    d = Dist(
+        world=_world(rank, size),
+        config=config,
+        local_rank=local_rank,
+        device=device,
+        backend=backend,
+        monitor=monitor,
+    )
+    d.hosts = d.all_gather_object(socket.gethostname())
+    return d

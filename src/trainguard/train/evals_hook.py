@@ -1,0 +1,87 @@
+"""Evaluation first inside `trainguard run`: refuse a recipe without a use-case eval, lint the
+specs in pre-flight, run the evals before the first step, every K steps and at the end, and
+flag a run that leaves the loss band a scaling-law fit predicted for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trainguard.evals.config import require_use_case_eval
+from trainguard.findings import Finding
+
+if TYPE_CHECKING:
+    from trainguard.train.run import RunSession
+
+
+class RunEvals:
+    """The eval schedule and the off-track alarm of one run."""
+
+    def __init__(self, session: RunSession, enabled: bool = True) -> None:
+        self.session = session
+        self.cfg = session.recipe.evals
+        self.enabled = enabled
+        if enabled:
+            require_use_case_eval(self.cfg)  # before any expensive work
+        self.schedule = None
+        self.offtrack = None
+
+    def attach_data(self) -> None:
+        """Once data and tokenizer exist: build the schedule and the off-track monitor."""
+        s = self.session
+        if self.enabled:
+            from trainguard.evals.schedule import EvalSchedule
+
+            self.schedule = EvalSchedule(
+                self.cfg, s.data.tokenizer, s.recipe.data, s.recipe.train.eval_interval, s.device
+            )
+        band_path = s.recipe.prediction.band
+        if band_path:
+            from trainguard.scaling.offtrack import OffTrackMonitor, PredictionBand
+
+            p = s.recipe.prediction
+            self.offtrack = OffTrackMonitor(
+                PredictionBand.load(band_path), margin=p.margin, patience=p.patience
+            )
+
+    def lint(self) -> list[Finding]:
+        if not (self.enabled and self.cfg.lint):
+            return []
+        from trainguard.evals.lint import lint_specs
+
+        s = self.session
+        return lint_specs(
+            self.cfg.specs, s.data.tokenizer, data=s.recipe.data, max_examples=self.cfg.max_examples
+        )
+
+    def maybe_run(self, step: int, final: bool = False) -> None:
+        """Run the evals if due at `step`; the row goes to the metric log, findings recorded."""
+        s = self.session
+        if self.schedule is None or not self.schedule.due(step, final=final):
+            return
+        if s.watchdog is not None:
+            s.watchdog.set_phase("eval")
+        row, findings = self.schedule.run(s.model, step)
+        if s.is_main:
+            s.metrics.write(row)
+        s.record(findings)
+
+    def after_validation(self, step: int, result: dict[str, float]) -> None:
+        """Feed the validation loss (with tokens seen) to the off-track alarm."""
+        if self.offtrack is not None:
+            tokens = self.session.state.tokens_seen
+            self.session.record(self.offtrack.update(step, {**result, "tokens": tokens}))
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        if self.schedule is not None:
+            state["schedule"] = self.schedule.state_dict()
+        if self.offtrack is not None:
+            state["offtrack"] = self.offtrack.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.schedule is not None and "schedule" in state:
+            self.schedule.load_state_dict(state["schedule"])
+        if self.offtrack is not None and "offtrack" in state:
+            self.offtrack.load_state_dict(state["offtrack"])

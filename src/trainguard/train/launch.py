@@ -1,0 +1,85 @@
+"""`trainguard run --nproc N`: N local processes through torch.distributed's elastic launcher.
+
+The command becomes exactly what a user would type:
+
+    python -m torch.distributed.run --nnodes 1 --nproc-per-node N \\
+        --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 \\
+        --max-restarts R -m trainguard run RECIPE ...
+
+so a run started with `--nproc` and one started under an external `torchrun` (with its own
+multi-node rendezvous flags: `--nnodes 2 --rdzv-endpoint host:29400 --rdzv-id job1`) take the
+same path: every worker reads RANK/WORLD_SIZE/LOCAL_RANK (train/distributed.py). The
+rendezvous stays on the loopback interface (port 0: the launcher picks a free one), so a local
+run opens no port to the network. With `max_restarts` > 0 the launcher restarts all workers
+after a failure (a hung rank exits with status 3), and auto-resume continues from the newest
+verified checkpoint: with the same or, after a restart on another machine count, a different
+number of processes (the global batch does not depend on it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from trainguard.errors import BadInputError
+
+
+def launch_argv(
+    nproc: int, worker_args: Sequence[str], max_restarts: int = 0, python: str | None = None
+) -> list[str]:
+    """The launcher command line for `nproc` local workers running `trainguard WORKER_ARGS`."""
+    if nproc < 1:
+        raise BadInputError(f"--nproc {nproc}: at least one process", "use --nproc 1 or more")
+    if max_restarts < 0:
+        raise BadInputError(f"--max-restarts {max_restarts} is negative", "use 0 or more")
+    return [
+        python or sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:0",
+        "--local-addr",
+        "127.0.0.1",
+        "--max-restarts",
+        str(max_restarts),
+        "-m",
+        "trainguard",
+        *worker_args,
+    ]
+
+
+def under_launcher() -> bool:
+    """True inside a torchrun worker (this process is one rank of a job)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+
+
+def launch(nproc: int, worker_args: Sequence[str], max_restarts: int = 0) -> int:
+    """Run the workers to completion in this process's elastic agent; returns the exit status:
+    0 when every worker succeeded, else the first failed worker's status (3: a hung rank)."""
+    if under_launcher():
+        raise BadInputError(
+            "--nproc given inside a torchrun worker: the job would launch itself again",
+            "drop --nproc when running under torchrun (torchrun's --nproc-per-node decides)",
+        )
+    # The agent runs here rather than in a `python -m torch.distributed.run` child: torch is
+    # imported already, and a failure's exit status comes back without parsing any output.
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    # A run started from a terminal must not leave the workers' threads fighting for cores.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    args = get_args_parser().parse_args(launch_argv(nproc, worker_args, max_restarts)[3:])
+    try:
+        run(args)
+    except ChildFailedError as e:
+        _, first = e.get_first_failure()
+        sys.stderr.write(e.format_msg() + "\n")
+        return first.exitcode if first.exitcode > 0 else 1
+    return 0

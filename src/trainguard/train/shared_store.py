@@ -1,0 +1,62 @@
+"""The checkpoint store as the ranks of one job see it: rank 0 writes, all ranks load the step
+rank 0 chose.
+
+Rank 0 alone picks the checkpoint (the newest valid one, falling back past damaged ones) and
+broadcasts its step; the other ranks load exactly that step. Without the broadcast, a rank
+that listed the store a moment earlier or later, or whose download of the newest step failed,
+would resume from a different step than its peers and the replicas would silently diverge.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainguard.checkpoint.fsurl import default_cache_dir
+from trainguard.checkpoint.results import LoadedCheckpoint
+from trainguard.checkpoint.store import CheckpointStore, _is_url
+from trainguard.config.schema import Recipe
+from trainguard.train.distributed import Dist
+
+
+class SharedStore:
+    """Wraps a `CheckpointStore`; `load_latest` is collective, everything else passes through."""
+
+    def __init__(self, store: CheckpointStore, dist: Dist) -> None:
+        self.store = store
+        self.dist = dist
+
+    def load_latest(self) -> LoadedCheckpoint | None:
+        if not self.dist.active:
+            return self.store.load_latest()
+        loaded = self.store.load_latest() if self.dist.world.rank == 0 else None
+        step = self.dist.broadcast_object(loaded.step if loaded is not None else None)
+        if self.dist.world.rank == 0:
+            return loaded
+        return None if step is None else self.store.load(step)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def checkpoint_root(recipe: Recipe, run_dir: Path) -> str:
+    return recipe.checkpoint.dir or str(run_dir / "checkpoints")
+
+
+def open_store(recipe: Recipe, run_dir: Path, dist: Dist) -> SharedStore:
+    """The run's store: a path or any fsspec URL (`checkpoint.dir`), with its storage options."""
+    root = checkpoint_root(recipe, run_dir)
+    cache_dir = None
+    if _is_url(root) and dist.active:
+        # Local ranks share a machine: each gets its own download cache, so two ranks never
+        # fetch into the same folder at once.
+        cache_dir = str(default_cache_dir(root) / f"rank{dist.world.rank}")
+    store = CheckpointStore(
+        root,
+        keep=recipe.checkpoint.keep,
+        rank=dist.world.rank,
+        world_size=dist.world.size,
+        storage_options=getattr(recipe.checkpoint, "storage_options", None) or None,
+        cache_dir=cache_dir,
+    )
+    return SharedStore(store, dist)

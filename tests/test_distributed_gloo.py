@@ -1,0 +1,157 @@
+"""Real multi-process runs: `trainguard run --nproc N` through torch.distributed's elastic
+launcher, gloo on 127.0.0.1, the tiny recipe.
+
+- elastic resume 2 -> 1 -> 2 processes sees the batches of a 1-process run, losses within
+  reduction-order error, and raises no replica, straggler or hang alarm;
+- the drills on one 3-process run: a bit flipped in rank 1's weights (H201 names rank 1, the
+  run rolls back), rank 2 slowed down (H202 names rank 2), rank 1 asleep in a step (R301 names
+  rank 1, stacks dumped, exit status 3);
+- checkpoints on a real S3 wire-protocol server (moto on 127.0.0.1), resumed with 2 processes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runhelpers import run_cli, tiny_recipe_dict
+
+# Checks every 2 steps, so the clean runs below exercise them (and must stay quiet).
+CHECKS = [
+    "--set",
+    "distributed.replica_check_interval=2",
+    "--set",
+    "distributed.straggler_interval=2",
+]
+RTOL = 1e-4  # a sum over 2 ranks' halves vs one sum: reduction order, nothing else
+
+
+def rows(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == kind]
+
+
+def codes(run_dir: Path) -> list[str]:
+    return [r["code"] for r in rows(run_dir, "finding")]
+
+
+def assert_same_batches_and_losses(run: Path, reference: Path) -> None:
+    got, want = rows(run, "step"), rows(reference, "step")
+    assert [r["step"] for r in got] == list(range(1, 13)), "steps replayed or missing"
+    assert [r["batch_hash"] for r in got] == [r["batch_hash"] for r in want]
+    for g, w in zip(got, want, strict=True):
+        assert g["loss"] == pytest.approx(w["loss"], rel=RTOL), g["step"]
+
+
+def test_elastic_resume_2_then_1_then_2_processes(
+    tiny_recipe: Path, finished_tiny_run: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "elastic"
+    args = ["run", str(tiny_recipe), "--run-dir", str(run), "-q", *CHECKS]
+    # 2 processes, killed at step 6 (checkpoint at 4): the launcher reports the failure.
+    res = run_cli(*args, "--nproc", "2", env={"TRAINGUARD_INJECT": "kill@6:data"})
+    assert res.returncode != 0, res.stderr[-2000:]
+    assert [r["step"] for r in rows(run, "step")] == [1, 2, 3, 4, 5]
+    # 1 process resumes from step 4, killed at step 10 (checkpoint at 8).
+    res = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@10:data"})
+    assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+    # 2 processes again, to the end.
+    res = run_cli(*args, "--nproc", "2", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout)  # rank 0 alone prints: one JSON document
+    assert summary["final_step"] == 12 and summary["resumed_from"] == 8
+
+    assert_same_batches_and_losses(run, finished_tiny_run)
+    found = codes(run)
+    assert found.count("C150") == 2  # resumed twice
+    # Replayed steps 5 and 9 read the batches the other world size had logged (else D110);
+    # the replica and straggler checks ran every 2 steps and found nothing.
+    assert not {"D110", "H201", "H202", "R301"} & set(found), found
+    assert len(rows(run, "event")) and any(
+        r.get("event") == "rank_timings" for r in rows(run, "event")
+    )
+    # No stack dumps left behind by a clean run.
+    assert not list(run.glob("stacks-rank*")) and not list(run.glob("hang-*"))
+
+
+def test_drills_bitflip_straggler_and_hung_rank(tiny_recipe: Path, tmp_path: Path) -> None:
+    run = tmp_path / "drills"
+    res = run_cli(
+        "run",
+        str(tiny_recipe),
+        "--run-dir",
+        str(run),
+        "-q",
+        "--nproc",
+        "3",
+        *CHECKS,
+        "--set",
+        "train.batch_size=6",
+        "--set",
+        "train.max_steps=16",
+        "--set",
+        "distributed.collective_timeout_s=8",
+        "--set",
+        "distributed.hang_timeout_s=4",
+        env={"TRAINGUARD_INJECT": "bitflip@5/r1,slow@9/r2,sleep@13/r1"},
+    )
+    assert res.returncode == 3, res.stderr[-3000:]  # the hung-rank exit, for a restart
+    findings = rows(run, "finding")
+    by_code = {c: [f for f in findings if f["code"] == c] for c in ("H201", "H202", "R301")}
+    assert sorted(f["code"] for f in findings) == ["H201", "H202", "R301"], findings
+
+    (h201,) = by_code["H201"]  # found at the first check after the flip, named by majority
+    assert h201["rank"] == 1 and h201["step"] == 6 and h201["data"]["suspect_ranks"] == [1]
+    assert h201["where"]  # the host
+    rollbacks = [r for r in rows(run, "event") if r.get("event") == "rollback"]
+    assert [(r["from_step"], r["to_step"]) for r in rollbacks] == [(6, 4)]
+
+    (h202,) = by_code["H202"]
+    assert h202["rank"] == 2 and h202["step"] == 10
+
+    (r301,) = by_code["R301"]  # rank 0 names the rank that never reached the barrier
+    assert r301["rank"] == 1 and r301["step"] == 13 and r301["data"]["missing_ranks"] == [1]
+    stack = run / r301["data"]["stack_file"]
+    assert "Thread" in stack.read_text() or "thread" in stack.read_text()
+    # The steps before the hang were all logged once (after the rollback's recomputation).
+    assert sorted({r["step"] for r in rows(run, "step")}) == list(range(1, 13))
+
+
+def test_checkpoints_on_s3_resume_with_two_processes(
+    small_corpus: Path, cache_dir: Path, finished_tiny_run: Path, tmp_path: Path
+) -> None:
+    from s3_server import make_bucket, s3_server, storage_options
+
+    with s3_server() as endpoint:
+        fs = make_bucket(endpoint, "ckpts")
+        recipe = tiny_recipe_dict(small_corpus, cache_dir)
+        recipe["checkpoint"] |= {
+            "dir": "s3://ckpts/tiny",
+            "storage_options": storage_options(endpoint),
+        }
+        path = tmp_path / "s3.yaml"
+        path.write_text(yaml.safe_dump(recipe))
+        run = tmp_path / "s3run"
+        env = {"TRAINGUARD_CACHE": str(tmp_path / "tgcache")}  # the download caches
+        args = ["run", str(path), "--run-dir", str(run), "-q"]
+        res = run_cli(*args, env={**env, "TRAINGUARD_INJECT": "kill@6:data"})
+        assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
+        assert not (run / "checkpoints").exists()  # nothing written locally
+        assert fs.exists("ckpts/tiny/step-4/manifest.json")
+
+        res = run_cli(*args, "--nproc", "2", env=env)
+        assert res.returncode == 0, res.stderr[-3000:]
+        resumed = [f for f in rows(run, "finding") if f["code"] == "C150"]
+        assert [f["step"] for f in resumed] == [4]
+        assert_same_batches_and_losses(run, finished_tiny_run)
+        fs.invalidate_cache()
+        steps = sorted(p.rsplit("/", 1)[-1] for p in fs.ls("ckpts/tiny"))
+        assert steps == ["step-12", "step-4", "step-8"]  # keep=3
+        for s in steps:
+            assert fs.exists(f"ckpts/tiny/{s}/manifest.json")
+        # Each rank fetched the checkpoint into its own cache folder.
+        assert len(list((tmp_path / "tgcache").rglob("rank1"))) == 1

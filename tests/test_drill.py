@@ -1,0 +1,177 @@
+"""`trainguard drill`: every drill is a real run (or a real pre-flight check) with one fault,
+run once per module on the tiny corpus; each row is asserted on its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runhelpers import run_cli
+from trainguard.drills.matrix import DrillRow, verdict
+
+STEPS = 36  # checkpoints every 6 steps; faults land at step 24 (spike history: 23 steps)
+INTERVAL, FAULT = STEPS // 6, 4 * (STEPS // 6)
+
+
+def tiny_sets(corpus: Path, cache: Path) -> list[str]:
+    sets = [
+        f"data.source={corpus}",
+        f"data.cache_dir={cache}",
+        "tokenizer.vocab_size=512",
+        "data.seq_len=32",
+    ]
+    return [a for s in sets for a in ("--set", s)]
+
+
+@pytest.fixture(scope="module")
+def drill_result(small_corpus: Path, cache_dir: Path, tmp_path_factory) -> dict:
+    workdir = tmp_path_factory.mktemp("drills")
+    res = run_cli(
+        "drill",
+        "--json",
+        "--workdir",
+        str(workdir),
+        "--steps",
+        str(STEPS),
+        "--jobs",
+        "2",
+        *tiny_sets(small_corpus, cache_dir),
+        timeout=900,
+    )
+    payload = json.loads(res.stdout)
+    payload["returncode"] = res.returncode
+    payload["stderr"] = res.stderr
+    return payload
+
+
+def row(result: dict, name: str) -> dict:
+    return next(r for r in result["rows"] if r["name"] == name)
+
+
+def test_every_fault_detected_and_recovered_clean_quiet(drill_result: dict) -> None:
+    names = [r["name"] for r in drill_result["rows"]]
+    assert names[0] == "clean"
+    assert set(names) >= {
+        "nan",
+        "spike",
+        "kill_step",
+        "kill_checkpoint",
+        "corrupt_checkpoint",
+        "hang",
+        "bitflip",
+        "shuffle",
+        "precision",
+    }
+    bad = [(r["name"], r["note"]) for r in drill_result["rows"] if not r["ok"]]
+    assert not bad, bad
+    assert drill_result["ok"] and drill_result["findings"] == []
+    assert drill_result["returncode"] == 0, drill_result["stderr"][-2000:]
+
+
+def test_clean_run_raises_no_alarm(drill_result: dict) -> None:
+    r = row(drill_result, "clean")
+    assert r["alarms"] == [] and r["finished"] and r["steps_lost"] == 0
+    assert r["final_loss"] is not None and r["loss_ratio"] == 1.0
+
+
+@pytest.mark.parametrize("name,code", [("nan", "R101"), ("spike", "R102")])
+def test_bad_batch_is_caught_before_the_update_and_skipped(
+    drill_result: dict, name: str, code: str
+) -> None:
+    r = row(drill_result, name)
+    assert r["detected"][0] == code
+    assert r["steps_to_detect"] == 0  # the same step: the update was never applied
+    assert "skipped 1 update" in r["action"] and "rerun: data/software" in r["action"]
+    assert r["steps_lost"] == 1 and r["recovered"]
+
+
+@pytest.mark.parametrize(
+    "name,lost",
+    [
+        ("kill_step", INTERVAL // 2 - 1),  # killed in step FAULT+3's backward: 2 steps redone
+        ("kill_checkpoint", INTERVAL),  # checkpoint FAULT never committed: back to FAULT-6
+        ("corrupt_checkpoint", INTERVAL),  # checkpoint FAULT corrupt: back to FAULT-6
+        ("hang", INTERVAL // 2 - 1),
+    ],
+)
+def test_crash_relaunch_resumes_bitwise(drill_result: dict, name: str, lost: int) -> None:
+    r = row(drill_result, name)
+    assert r["detected_ok"] and r["recovered"], r["note"]
+    assert r["steps_lost"] == lost
+    # Auto-resume is deterministic: the relaunched run ends on the clean run's exact loss.
+    assert r["final_loss"] == row(drill_result, "clean")["final_loss"]
+
+
+def test_corrupt_checkpoint_is_named_and_skipped(drill_result: dict) -> None:
+    r = row(drill_result, "corrupt_checkpoint")
+    assert "C101" in r["detected"]
+    assert f"auto-resume from step {FAULT - INTERVAL}" in r["action"]
+
+
+def test_hang_is_dumped_with_its_phase_and_exits_3(drill_result: dict) -> None:
+    r = row(drill_result, "hang")
+    assert r["detected"][0] == "R210"
+    assert "exit 3 (forward" in r["action"]
+
+
+def test_bitflip_is_classified_as_hardware(drill_result: dict) -> None:
+    r = row(drill_result, "bitflip")
+    assert "R205" in r["detected"] and "rerun: hardware" in r["action"]
+    assert r["steps_to_detect"] == 0 and r["recovered"]
+
+
+def test_preflight_drills(drill_result: dict) -> None:
+    shuffle, precision = row(drill_result, "shuffle"), row(drill_result, "precision")
+    assert "D301" in shuffle["detected"] and shuffle["finished"]
+    assert precision["detected"][0] == "N101" and precision["finished"]
+
+
+def test_guards_off_fails_the_drill(small_corpus: Path, cache_dir: Path, tmp_path: Path) -> None:
+    """With the guards disabled the NaN batch goes through: the drill must say so (exit 1)."""
+    res = run_cli(
+        "drill",
+        "--json",
+        "--only",
+        "nan",
+        "--workdir",
+        str(tmp_path),
+        "--steps",
+        "30",
+        *tiny_sets(small_corpus, cache_dir),
+        "--set",
+        "guards.enabled=false",
+        timeout=600,
+    )
+    payload = json.loads(res.stdout)
+    assert res.returncode == 1 and not payload["ok"]
+    codes = sorted(f["code"] for f in payload["findings"])
+    assert codes == ["R401", "R402"], payload["findings"]
+    assert row(payload, "clean")["ok"]  # the clean run itself is fine with guards off
+
+
+def test_verdict_codes() -> None:
+    quiet = DrillRow("clean", "none", [], finished=True, final_loss=2.0, loss_ratio=1.0)
+    noisy = DrillRow("clean", "none", [], finished=True, alarms=["R103"])
+    missed = DrillRow("nan", "NaN", ["R101"], finished=True, final_loss=2.0, loss_ratio=1.0)
+    far = DrillRow("nan", "NaN", ["R101"], ["R101"], finished=True, final_loss=3, loss_ratio=1.5)
+    caught = DrillRow("nan", "NaN", ["R101"], ["R101"], finished=True, final_loss=2, loss_ratio=1)
+    assert verdict([quiet, caught]) == []
+    assert [f.code for f in verdict([noisy])] == ["R403"]
+    assert [f.code for f in verdict([missed])] == ["R401"]
+    assert [f.code for f in verdict([far])] == ["R402"]
+
+
+def test_unknown_drill_is_bad_input(tmp_path: Path) -> None:
+    res = run_cli("drill", "--only", "nosuch", "--workdir", str(tmp_path))
+    assert res.returncode == 2
+    assert "nosuch" in res.stderr
+
+
+@pytest.mark.slow
+def test_default_recipe_drill_matrix(tmp_path: Path) -> None:
+    """The full matrix on the default recipe (stdlib data) at drill settings."""
+    res = run_cli("drill", "--json", "--workdir", str(tmp_path), timeout=3600)
+    payload = json.loads(res.stdout)
+    assert res.returncode == 0, [(r["name"], r["note"]) for r in payload["rows"] if not r["ok"]]

@@ -1,0 +1,100 @@
+"""Evaluation first in `trainguard run`: refusal without a use-case eval, eval rows in the log,
+and the off-track alarm against a scaling-law band."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from runhelpers import run_cli
+
+
+def rows(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == kind]
+
+
+def test_run_refuses_recipe_without_use_case_eval(tiny_recipe: Path, tmp_path: Path) -> None:
+    recipe = yaml.safe_load(tiny_recipe.read_text())
+    recipe["evals"] = {"specs": []}
+    path = tmp_path / "noevals.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    res = run_cli("run", str(path), "--run-dir", str(tmp_path / "a"), "-q")
+    assert res.returncode == 2
+    assert "E101" in res.stderr and "--no-evals" in res.stderr
+    res = run_cli(
+        "run",
+        str(path),
+        "--run-dir",
+        str(tmp_path / "b"),
+        "-q",
+        "--no-evals",
+        "--set",
+        "train.max_steps=2",
+    )
+    assert res.returncode == 0, res.stderr
+    assert rows(tmp_path / "b", "evals") == []
+
+
+def test_evals_run_before_during_and_after(finished_tiny_run: Path) -> None:
+    steps = [r["step"] for r in rows(finished_tiny_run, "evals")]
+    assert steps == [0, 6, 12]  # baseline, every eval_interval, the end
+    assert all("python_next_line/acc" in r for r in rows(finished_tiny_run, "evals"))
+
+
+def test_off_track_alarm_fires_when_loss_leaves_the_band(tiny_recipe: Path, tmp_path: Path) -> None:
+    band = {
+        "params": 1e5,
+        "tokens": [500.0, 3072.0],
+        "loss": [1.0, 0.9],
+        "low": [0.95, 0.85],
+        "high": [1.05, 0.95],
+    }
+    band_path = tmp_path / "band.json"
+    band_path.write_text(json.dumps(band))
+    res = run_cli(
+        "run",
+        str(tiny_recipe),
+        "--run-dir",
+        str(tmp_path / "r"),
+        "-q",
+        "--json",
+        "--set",
+        f"prediction.band={band_path}",
+        "--set",
+        "prediction.patience=1",
+    )
+    assert res.returncode == 0, res.stderr
+    codes = [f["code"] for f in json.loads(res.stdout)["findings"]]
+    assert codes.count("E151") == 1  # above the band, reported once per excursion
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert "Scaling-law prediction" in html
+
+
+def test_no_off_track_alarm_inside_a_generous_band(tiny_recipe: Path, tmp_path: Path) -> None:
+    band = {
+        "params": 1e5,
+        "tokens": [500.0, 3072.0],
+        "loss": [6.0, 5.6],
+        "low": [4.0, 4.0],
+        "high": [9.0, 9.0],
+    }
+    band_path = tmp_path / "band.json"
+    band_path.write_text(json.dumps(band))
+    res = run_cli(
+        "run",
+        str(tiny_recipe),
+        "--run-dir",
+        str(tmp_path / "r"),
+        "-q",
+        "--json",
+        "--set",
+        f"prediction.band={band_path}",
+        "--set",
+        "train.max_steps=6",
+    )
+    assert res.returncode == 0, res.stderr
+    codes = [f["code"] for f in json.loads(res.stdout)["findings"]]
+    assert not {"E151", "E152"} & set(codes)
