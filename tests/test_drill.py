@@ -153,7 +153,9 @@ def test_guards_off_fails_the_drill(small_corpus: Path, cache_dir: Path, tmp_pat
 
 def test_verdict_codes() -> None:
     quiet = DrillRow("clean", "none", [], finished=True, final_loss=2.0, loss_ratio=1.0)
-    noisy = DrillRow("clean", "none", [], finished=True, alarms=["R103"])
+    noisy = DrillRow(
+        "clean", "none", [], finished=True, final_loss=2, loss_ratio=1, alarms=["R103"]
+    )
     missed = DrillRow("nan", "NaN", ["R101"], finished=True, final_loss=2.0, loss_ratio=1.0)
     far = DrillRow("nan", "NaN", ["R101"], ["R101"], finished=True, final_loss=3, loss_ratio=1.5)
     caught = DrillRow("nan", "NaN", ["R101"], ["R101"], finished=True, final_loss=2, loss_ratio=1)

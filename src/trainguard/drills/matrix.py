@@ -50,6 +50,8 @@ class DrillRow:
     note: str = ""
     inject: str = ""
     """The fault plan (`TRAINGUARD_INJECT`) of the drill's run, if any."""
+    trains: bool = True
+    """False for pre-flight drills: nothing is trained, there is no loss to compare."""
 
     @property
     def is_clean(self) -> bool:
@@ -65,7 +67,7 @@ class DrillRow:
     def recovered(self) -> bool:
         if not self.finished:
             return False
-        if self.final_loss is None:  # a pre-flight drill: nothing trained
+        if not self.trains:
             return True
         return self.loss_ratio is not None and self.loss_ratio <= 1 + LOSS_TOLERANCE
 
@@ -87,7 +89,7 @@ class DrillRow:
         elif self.final_loss is not None:
             vs = f"{self.final_loss:.4f}"
         else:
-            vs = "n/a (pre-flight)"
+            vs = "-" if self.trains else "n/a (pre-flight)"
         return [
             f"{self.fault} ({self.inject})" if self.inject else self.fault,
             detected,

@@ -229,7 +229,7 @@ def poor_shuffle(ctx: DrillContext) -> DrillRow:
 
     bad, stats = order_shuffle_quality(data.train, Sequential(), seq_len)
     good, _ = order_shuffle_quality(data.train, ElasticOrder(n, recipe.train.seed), seq_len)
-    row = DrillRow("shuffle", "", ["D301"], detected=[f.code for f in bad])
+    row = DrillRow("shuffle", "", ["D301"], detected=[f.code for f in bad], trains=False)
     row.steps_to_detect = 0  # pre-flight: before the first step
     row.steps_lost = 0
     row.action = "pre-flight flags the order; trainguard's keyed permutation passes"
@@ -248,7 +248,7 @@ def low_precision_reduction(ctx: DrillContext) -> DrillRow:
 
     bad, audit = check_reduction("bf16", 512, "ring")
     good, fixed = check_reduction("bf16", 512, "fp32-accumulate")
-    row = DrillRow("precision", "", ["N101"], detected=[f.code for f in bad])
+    row = DrillRow("precision", "", ["N101"], detected=[f.code for f in bad], trains=False)
     row.steps_to_detect = 0  # pre-flight `check-precision`
     row.steps_lost = 0
     row.action = "fp32-accumulate reduction (the remedy) passes"
