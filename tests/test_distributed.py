@@ -226,3 +226,13 @@ def test_bf16_registers_the_fp32_accumulating_hook() -> None:
             assert all(p.grad is not None and p.grad.isfinite().all() for p in ddp.parameters())
     finally:
         dist.destroy_process_group()
+
+
+def test_nproc_not_dividing_the_batch_is_refused_before_launch(tiny_recipe) -> None:
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+
+    res = CliRunner().invoke(app, ["run", str(tiny_recipe), "--nproc", "3"])
+    assert res.exit_code == 2
+    assert "not divisible by --nproc 3" in res.output

@@ -60,8 +60,16 @@ def register(app: typer.Typer) -> None:
         resolved = load_recipe(recipe, overrides)  # bad recipes fail here, before any launch
         folder = run_dir or Path("runs") / resolved.name
         if nproc is not None:
+            from trainguard.errors import ConfigError
             from trainguard.train.launch import launch
 
+            if nproc > 0 and resolved.train.batch_size % nproc:
+                raise ConfigError(
+                    f"train.batch_size={resolved.train.batch_size} is not divisible by "
+                    f"--nproc {nproc}",
+                    "use a process count that divides train.batch_size (the global batch must "
+                    "not depend on the process count)",
+                )
             worker = ["run", recipe, "--run-dir", str(folder)]
             for o in overrides or []:
                 worker += ["--set", o]

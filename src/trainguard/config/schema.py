@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from trainguard.config.distributed import DistributedConfig
 from trainguard.evals.config import EvalsConfig
 from trainguard.guard import GuardsConfig
-from trainguard.train.distributed import DistributedConfig
 
 
 class _Section(BaseModel):

@@ -255,3 +255,6 @@ def low_precision_reduction(ctx: DrillContext) -> DrillRow:
     row.finished = not good
     row.note = f"slope {audit.slope:.4f} in bf16 ring, {fixed.slope:.5f} with fp32 accumulation"
     return row
+
+
+import trainguard.drills.multiproc_scenarios  # noqa: E402, F401  (registers the --nproc drills)

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
 
+from trainguard.config.distributed import DistributedConfig
 from trainguard.errors import ConfigError
 
 if TYPE_CHECKING:  # config/schema.py imports this module; the loop imports the schema
@@ -37,50 +37,6 @@ def _world(rank: int = 0, size: int = 1) -> World:
     from trainguard.train.loop import World
 
     return World(rank=rank, size=size)
-
-
-class DistributedConfig(BaseModel):
-    """The recipe's `distributed` section: only read when the run has more than one process."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    backend: str = Field("auto", pattern="^(auto|gloo|nccl)$")
-    """Process-group backend for the gradients: `auto` (nccl when every local rank has a GPU,
-    else gloo), `gloo` or `nccl`."""
-    init_timeout_s: float = Field(900.0, gt=0.0)
-    """Collective timeout until warm-up ends: the first rendezvous, data preparation on rank 0,
-    the first (compiling) step."""
-    warmup_steps: int = Field(2, ge=1)
-    """Steps each process runs before the short timeouts and step-boundary barriers start."""
-    collective_timeout_s: float = Field(300.0, gt=0.0)
-    """Timeout of the gradient all-reduce after warm-up. A rank that does not arrive within it
-    fails the collective; the ranks then run the hung-rank diagnosis (R301)."""
-    hang_timeout_s: float = Field(60.0, gt=0.0)
-    """How long the monitored barriers (step boundaries after warm-up, and the diagnosis after
-    a collective timeout) wait before naming the ranks that did not arrive (R301)."""
-    step_barrier: bool = True
-    """A monitored barrier at every step boundary after warm-up (one small round trip on the
-    gloo monitor group), so that a rank stuck outside any collective is also named."""
-    sync_timeout_s: float = Field(1800.0, gt=0.0)
-    """Timeout of the barriers where ranks wait for rank 0's checkpoint writes and for
-    evaluations, and of trainguard's own collectives (resume step, hashes, timings)."""
-    replica_check_interval: int = Field(50, ge=0)
-    """Compare the ranks' parameter hashes every this many steps and before every checkpoint
-    (H201); 0 disables it (checkpoints are then not guarded either)."""
-    replica_check_optimizer: bool = False
-    """Also hash the optimizer state (AdamW moments) in the replica check: stricter, slower."""
-    straggler_interval: int = Field(20, ge=0)
-    """Gather per-rank phase timings every this many steps and score stragglers (H202); 0
-    disables it."""
-    straggler_threshold: float = Field(0.5, gt=0.0, le=1.0)
-    """A rank is a straggler when both its score against the fastest rank (fastest busy time /
-    its busy time) and against its own history (its median busy time / now) fall below this:
-    0.5 means twice as slow as the fastest rank and as itself before."""
-    straggler_history: int = Field(8, ge=1)
-    """Intervals of a rank's own busy times its history median is taken over."""
-    fp32_reduce: bool = True
-    """With train.precision=bf16, all-reduce gradients with fp32 accumulation (numerics'
-    `fp32_accumulate_hook`): no swamping bias in the sum at any world size (N101)."""
 
 
 def _td(seconds: float) -> datetime.timedelta:
@@ -171,11 +127,13 @@ def wrap_ddp(
     return ddp
 
 
-def _choose_backend(config: DistributedConfig, local_rank: int) -> str:
+def _choose_backend(config: DistributedConfig, local_world_size: int) -> str:
+    """nccl when this machine has a GPU for every local rank, else gloo. Decided from values
+    every local rank shares, so that no two ranks of one job pick different backends."""
     if config.backend != "auto":
         return config.backend
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return "nccl" if gpus > local_rank else "gloo"
+    return "nccl" if gpus >= local_world_size else "gloo"
 
 
 def init_distributed(
@@ -193,7 +151,8 @@ def init_distributed(
             f"use a process count that divides {batch_size}, or change train.batch_size "
             "(the global batch must not depend on the process count)",
         )
-    backend = _choose_backend(config, local_rank)
+    local_size = int(env.get("LOCAL_WORLD_SIZE", str(size)))
+    backend = _choose_backend(config, local_size)
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", local_rank)

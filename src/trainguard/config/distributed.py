@@ -1,0 +1,50 @@
+"""The recipe's `distributed` section. Kept free of torch so that loading a recipe (and the
+CLI's start-up) does not import it."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DistributedConfig(BaseModel):
+    """The recipe's `distributed` section: only read when the run has more than one process."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    backend: str = Field("auto", pattern="^(auto|gloo|nccl)$")
+    """Process-group backend for the gradients: `auto` (nccl when the machine has a GPU for
+    every local rank, else gloo), `gloo` or `nccl`."""
+    init_timeout_s: float = Field(900.0, gt=0.0)
+    """Collective timeout until warm-up ends: the first rendezvous, data preparation on rank 0,
+    the first (compiling) step."""
+    warmup_steps: int = Field(2, ge=1)
+    """Steps each process runs before the short timeouts and step-boundary barriers start."""
+    collective_timeout_s: float = Field(300.0, gt=0.0)
+    """Timeout of the gradient all-reduce after warm-up. A rank that does not arrive within it
+    fails the collective; the ranks then run the hung-rank diagnosis (R301)."""
+    hang_timeout_s: float = Field(60.0, gt=0.0)
+    """How long the monitored barriers (step boundaries after warm-up, and the diagnosis after
+    a collective timeout) wait before naming the ranks that did not arrive (R301)."""
+    step_barrier: bool = True
+    """A monitored barrier at every step boundary after warm-up (one small round trip on the
+    gloo monitor group), so that a rank stuck outside any collective is also named."""
+    sync_timeout_s: float = Field(1800.0, gt=0.0)
+    """Timeout of the barriers where ranks wait for rank 0's checkpoint writes and for
+    evaluations, and of trainguard's own collectives (resume step, hashes, timings)."""
+    replica_check_interval: int = Field(50, ge=0)
+    """Compare the ranks' parameter hashes every this many steps and before every checkpoint
+    (H201); 0 disables it (checkpoints are then not guarded either)."""
+    replica_check_optimizer: bool = False
+    """Also hash the optimizer state (AdamW moments) in the replica check: stricter, slower."""
+    straggler_interval: int = Field(20, ge=0)
+    """Gather per-rank phase timings every this many steps and score stragglers (H202); 0
+    disables it."""
+    straggler_threshold: float = Field(0.5, gt=0.0, le=1.0)
+    """A rank is a straggler when both its score against the fastest rank (fastest busy time /
+    its busy time) and against its own history (its median busy time / now) fall below this:
+    0.5 means twice as slow as the fastest rank and as itself before."""
+    straggler_history: int = Field(8, ge=1)
+    """Intervals of a rank's own busy times its history median is taken over."""
+    fp32_reduce: bool = True
+    """With train.precision=bf16, all-reduce gradients with fp32 accumulation (numerics'
+    `fp32_accumulate_hook`): no swamping bias in the sum at any world size (N101)."""
