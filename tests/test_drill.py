@@ -10,9 +10,13 @@ import pytest
 
 from runhelpers import run_cli
 from trainguard.drills.matrix import DrillRow, verdict
+from trainguard.drills.multiproc_scenarios import MULTIPROC_DRILLS
+from trainguard.drills.scenarios import DRILLS
 
 STEPS = 36  # checkpoints every 6 steps; faults land at step 24 (spike history: 23 steps)
 INTERVAL, FAULT = STEPS // 6, 4 * (STEPS // 6)
+# The multi-process drills have their own module (tests/test_drill_multiproc.py).
+SINGLE_PROCESS = [n for n in DRILLS if n not in MULTIPROC_DRILLS and n != "clean"]
 
 
 def tiny_sets(corpus: Path, cache: Path) -> list[str]:
@@ -37,6 +41,7 @@ def drill_result(small_corpus: Path, cache_dir: Path, tmp_path_factory) -> dict:
         str(STEPS),
         "--jobs",
         "2",
+        *[a for n in SINGLE_PROCESS for a in ("--only", n)],
         *tiny_sets(small_corpus, cache_dir),
         timeout=900,
     )

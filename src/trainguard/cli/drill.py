@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--only",
                 help="Run only this drill (repeatable): nan, spike, kill_step, kill_checkpoint, "
-                "corrupt_checkpoint, hang, bitflip, shuffle, precision. The clean run always runs.",
+                "corrupt_checkpoint, hang, bitflip, shuffle, precision; multi-process: replica, "
+                "straggler, hung_rank. The clean run always runs.",
             ),
         ] = None,
         workdir: Annotated[
@@ -48,7 +49,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fire drills: a clean run and one run per fault (NaN batch, loss spike, SIGKILL
         mid-step and mid-checkpoint, corrupted checkpoint, hang, bit flip, poor shuffle,
-        low-precision reduction), each checked for detection and recovery. Exit 0 when every
+        low-precision reduction; with --nproc jobs: a corrupted replica, a straggler, a hung
+        rank), each checked for detection and recovery. Exit 0 when every
         fault was detected and recovered and the clean run stayed quiet."""
         from trainguard.drills.matrix import matrix_markdown, matrix_table, verdict
         from trainguard.drills.runner import DrillContext, DrillPlan, cleanup, run_drills

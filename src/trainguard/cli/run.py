@@ -75,6 +75,7 @@ def register(app: typer.Typer) -> None:
                 worker += ["--set", o]
             worker += ["--json"] if as_json else []
             worker += ["--quiet"] if quiet else []
+            worker += ["--no-evals"] if no_evals else []
             raise typer.Exit(launch(nproc, worker, max_restarts))
         result = run_recipe(resolved, folder, progress=not (quiet or as_json), evals=not no_evals)
         if int(os.environ.get("RANK", "0")) != 0:

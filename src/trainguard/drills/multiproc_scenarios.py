@@ -27,8 +27,11 @@ RANK = 1  # the faulty rank of every multi-process drill
 MULTIPROC_DRILLS = ("replica", "straggler", "hung_rank")
 
 # The hung-rank drill's timeouts: the all-reduce gives up after 8 s, the diagnosis barrier
-# waits 4 s more. The single-process hang watchdog must stay out of the way (the drill
-# settings' 5 s floor would fire first, in rank 0's backward, and name no culprit): 30 s.
+# waits 4 s more. The single-process hang watchdog (R210) must stay out of the way in every
+# multi-process drill: at the drill settings' 5 s floor it fires first in `hung_rank` (in rank
+# 0's backward, naming no culprit), and on a loaded machine it fires in the first step of a
+# 2- or 3-process job on the default recipe (ranks wait in the first all-reduce for the
+# slowest one's first batch). 30 s is well above 8 + 4 s and any healthy step.
 COLLECTIVE_TIMEOUT_S, HANG_TIMEOUT_S, HANG_FLOOR_S = 8, 4, 30
 
 
@@ -71,7 +74,7 @@ def _multiproc(ctx: DrillContext, nproc: int, *settings: str) -> DrillContext:
     return dataclasses.replace(
         ctx,
         run_args=(*ctx.run_args, "--nproc", str(nproc)),
-        overrides=[*ctx.overrides, *settings],
+        overrides=[*ctx.overrides, f"guards.hang_floor_s={HANG_FLOOR_S}", *settings],
     )
 
 
@@ -152,7 +155,6 @@ def hung_rank(ctx: DrillContext) -> DrillRow:
         nproc,
         f"distributed.collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
         f"distributed.hang_timeout_s={HANG_TIMEOUT_S}",
-        f"guards.hang_floor_s={HANG_FLOOR_S}",
     )
     inject = f"sleep@{fault_step}/r{RANK}"
     seen: dict[str, Any] = {}
@@ -178,13 +180,17 @@ def hung_rank(ctx: DrillContext) -> DrillRow:
         row.detected = ["R301", *[c for c in row.detected if c != "R301"]]
         row.steps_to_detect = named[0]["step"] - fault_step
     _wrong_rank(row, "R301", wrong)
-    dumps = [*seen["reports"], *seen["stacks"]]
-    hung_dump = any(n.startswith(f"stacks-rank{RANK}-") for n in seen["stacks"])
-    if not hung_dump:
+    # Rank 0 dumps its stacks with the R301 (hang-*-rank0.txt); the launcher's SIGTERM makes the
+    # hung rank dump its own (stacks-rank1-*.txt).
+    dumped = sorted(
+        {int(n.rsplit("rank", 1)[1].split(".")[0]) for n in seen["reports"]}
+        | {int(n.split("-")[1].removeprefix("rank")) for n in seen["stacks"]}
+    )
+    if RANK not in dumped:
         row.note = (row.note + "; " if row.note else "") + f"no stack dump of rank {RANK}"
     who = _who(named[0]) if named else "no rank"
     row.action = (
         f"R301 {who} after {COLLECTIVE_TIMEOUT_S}+{HANG_TIMEOUT_S}s; "
-        f"stacks dumped ({len(dumps)} files), exit 3; {row.action}"
+        f"stacks of rank {', '.join(map(str, dumped)) or 'none'} dumped, exit 3; {row.action}"
     )
     return row
