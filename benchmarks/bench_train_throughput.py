@@ -41,7 +41,9 @@ def plain_loop(recipe, data, steps: int) -> float:
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, t.lr, t.warmup_steps, t.max_steps, t.min_lr_ratio)
-        tokens = torch.from_numpy(data.train.samples(order.sample_ids(step * G, G), recipe.data.seq_len))
+        tokens = torch.from_numpy(
+            data.train.samples(order.sample_ids(step * G, G), recipe.data.seq_len)
+        )
         x, y = tokens[:, :-1], tokens[:, 1:]
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
@@ -59,7 +61,9 @@ def trainguard_loop(recipe, steps: int) -> float:
         run_recipe(recipe, run_dir, progress=False, report=False)
         rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r.get("kind") == "step"]
-    tokens = (len(rows) - 1) * recipe.train.batch_size * recipe.train.grad_accum * recipe.data.seq_len
+    tokens = (
+        (len(rows) - 1) * recipe.train.batch_size * recipe.train.grad_accum * recipe.data.seq_len
+    )
     return tokens / (rows[-1]["time"] - rows[0]["time"])
 
 

@@ -149,6 +149,7 @@ def test_drills_bitflip_straggler_and_hung_rank(tiny_recipe: Path, tmp_path: Pat
     assert sorted({r["step"] for r in rows(run, "step")}) == list(range(1, 13))
 
 
+@pytest.mark.slow  # the store faults run in CI through tests/test_distributed_store.py
 def test_checkpoints_on_s3_resume_with_two_processes(
     small_corpus: Path, cache_dir: Path, finished_tiny_run: Path, tmp_path: Path
 ) -> None:

@@ -94,16 +94,14 @@ def test_seed_changes_weights_and_data_order(
 
 
 def test_resume_extends_max_steps_but_refuses_other_changes(
-    tiny_recipe: Path, tmp_path: Path
+    tiny_recipe: Path, tiny_run_copy: Path
 ) -> None:
-    run_dir = tmp_path / "run"
-    base = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json"]
-    assert run_cli(*base, "--set", "train.max_steps=4").returncode == 0
-    res = run_cli(*base, "--set", "train.max_steps=4", "--set", "train.lr=1e-4")
+    base = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "-q", "--json"]
+    res = run_cli(*base, "--set", "train.lr=1e-4")
     assert res.returncode == 2
     assert "train.lr" in res.stderr and "--run-dir" in res.stderr
-    res = run_cli(*base, "--set", "train.max_steps=8")
+    res = run_cli(*base, "--set", "train.max_steps=14")
     assert res.returncode == 0, res.stderr
     payload = json.loads(res.stdout)
-    assert payload["resumed_from"] == 4 and payload["final_step"] == 8
+    assert payload["resumed_from"] == 12 and payload["final_step"] == 14
     assert any(f["code"] == "C150" for f in payload["findings"])
