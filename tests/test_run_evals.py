@@ -44,57 +44,41 @@ def test_evals_run_before_during_and_after(finished_tiny_run: Path) -> None:
     assert all("python_next_line/acc" in r for r in rows(finished_tiny_run, "evals"))
 
 
-def test_off_track_alarm_fires_when_loss_leaves_the_band(tiny_recipe: Path, tmp_path: Path) -> None:
+def run_with_band(recipe: Path, tmp_path: Path, loss: float, low: float, high: float, *sets):
+    """A tiny run whose prediction band is flat at (low, loss, high); returns its payload."""
     band = {
         "params": 1e5,
         "tokens": [500.0, 3072.0],
-        "loss": [1.0, 0.9],
-        "low": [0.95, 0.85],
-        "high": [1.05, 0.95],
+        "loss": [loss] * 2,
+        "low": [low] * 2,
+        "high": [high] * 2,
     }
     band_path = tmp_path / "band.json"
     band_path.write_text(json.dumps(band))
     res = run_cli(
         "run",
-        str(tiny_recipe),
+        str(recipe),
         "--run-dir",
         str(tmp_path / "r"),
         "-q",
         "--json",
         "--set",
         f"prediction.band={band_path}",
-        "--set",
-        "prediction.patience=1",
+        *sets,
     )
     assert res.returncode == 0, res.stderr
-    codes = [f["code"] for f in json.loads(res.stdout)["findings"]]
+    return json.loads(res.stdout)
+
+
+def test_off_track_alarm_fires_when_loss_leaves_the_band(tiny_recipe: Path, tmp_path: Path) -> None:
+    payload = run_with_band(tiny_recipe, tmp_path, 1.0, 0.9, 1.1, "--set", "prediction.patience=1")
+    codes = [f["code"] for f in payload["findings"]]
     assert codes.count("E151") == 1  # above the band, reported once per excursion
     html = (tmp_path / "r" / "report.html").read_text()
     assert "Scaling-law prediction" in html
 
 
 def test_no_off_track_alarm_inside_a_generous_band(tiny_recipe: Path, tmp_path: Path) -> None:
-    band = {
-        "params": 1e5,
-        "tokens": [500.0, 3072.0],
-        "loss": [6.0, 5.6],
-        "low": [4.0, 4.0],
-        "high": [9.0, 9.0],
-    }
-    band_path = tmp_path / "band.json"
-    band_path.write_text(json.dumps(band))
-    res = run_cli(
-        "run",
-        str(tiny_recipe),
-        "--run-dir",
-        str(tmp_path / "r"),
-        "-q",
-        "--json",
-        "--set",
-        f"prediction.band={band_path}",
-        "--set",
-        "train.max_steps=6",
-    )
-    assert res.returncode == 0, res.stderr
-    codes = [f["code"] for f in json.loads(res.stdout)["findings"]]
+    payload = run_with_band(tiny_recipe, tmp_path, 6.0, 4.0, 9.0, "--set", "train.max_steps=6")
+    codes = [f["code"] for f in payload["findings"]]
     assert not {"E151", "E152"} & set(codes)
