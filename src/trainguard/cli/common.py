@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from trainguard.errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, TrainguardError
+from trainguard.errors import EXIT_FINDINGS, EXIT_OK, TrainguardError
 from trainguard.findings import Finding, has_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -82,10 +82,3 @@ def emit(
         n_warn = sum(f.severity == "warning" for f in findings)
         console.print(f"{title}: {verdict} ({n_err} errors, {n_warn} warnings)")
     raise typer.Exit(exit_status(findings))
-
-
-def usage_error(message: str, fix: str = "") -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}")
-    if fix:
-        err_console.print(f"  [bold]fix:[/] {fix}")
-    return typer.Exit(EXIT_BAD_INPUT)

@@ -129,7 +129,3 @@ def read_checkpoint_files(
     )
     env = json.loads((folder / ENV_FILE).read_text())
     return trainer, env
-
-
-def read_checkpoint_recipe(folder: Path) -> dict[str, Any]:
-    return yaml.safe_load((folder / RECIPE_FILE).read_text())
