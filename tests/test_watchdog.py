@@ -74,7 +74,8 @@ def test_hang_dumps_stacks_and_exits_3(tmp_path):
     assert finding["step"] == 19 and finding["rank"] == 0
     assert finding["data"]["phase"] == "backward"
     assert "stuck_in_backward" in finding["data"]["stuck_at"]
-    assert finding["data"]["elapsed_s"] > finding["data"]["timeout_s"] >= 0.6
+    # Recorded to the millisecond, so a firing just past the timeout can round to equal it.
+    assert finding["data"]["elapsed_s"] >= finding["data"]["timeout_s"] >= 0.6
     reports = read_hang_reports(run_dir)
     assert [(f.code, f.where) for f in reports] == [("R210", "backward")]
     assert not list(run_dir.glob("hang-backstop-*"))  # the Python path fired, not the backstop
