@@ -90,8 +90,9 @@ class Trainer:
         self.on_phase(name, step)
         self.faults.at(name, step)
 
-    def _micro_batch(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = torch.from_numpy(self.train_data.samples(ids, self.seq_len))  # (b, T+1)
+    def _micro_batch(self, dataset, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples `ids` of `dataset` (the train or the validation split) as inputs, targets."""
+        tokens = torch.from_numpy(dataset.samples(ids, self.seq_len))  # (b, T+1)
         tokens = tokens.to(self.device, non_blocking=True)
         return tokens[:, :-1], tokens[:, 1:]  # inputs (b, T), targets (b, T)
 
@@ -110,7 +111,7 @@ class Trainer:
         for k in range(t.grad_accum):
             micro_ids = ids[k * micro : (k + 1) * micro]
             x, y = self._micro_batch(
-                micro_ids[self.world.rank * local : (self.world.rank + 1) * local]
+                self.train_data, micro_ids[self.world.rank * local : (self.world.rank + 1) * local]
             )
             last = k == t.grad_accum - 1
             # DDP all-reduces gradients only on the last micro-batch of the step.
@@ -160,7 +161,7 @@ class Trainer:
         self.model.eval()
         total, count = 0.0, 0
         for start in range(0, n, t.batch_size):
-            x, y = self._micro_batch(ids[start : start + t.batch_size])
+            x, y = self._micro_batch(self.val_data, ids[start : start + t.batch_size])
             with _autocast(t.precision, self.device):
                 logits = self.model(x)  # (b, T, V)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
