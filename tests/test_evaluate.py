@@ -17,7 +17,8 @@ from runhelpers import tiny_recipe_dict
 from trainguard.config.load import validate_recipe
 from trainguard.data.prepare import prepare_data
 from trainguard.train.loop import Trainer
-from trainguard.train.run import build_model, build_optimizer
+from trainguard.train.optim import build_optimizer
+from trainguard.train.run import build_model
 
 
 def _trainer(small_corpus, cache_dir):

@@ -89,14 +89,22 @@ class TrainConfig(_Section):
     """Sequences per micro-batch, summed over all processes (the global micro-batch)."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches per optimizer step. Global batch = batch_size * grad_accum sequences."""
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """adamw: AdamW on every parameter. muon: Muon (train/optim.py) on the hidden 2-D weight
+    matrices and AdamW on embeddings, the tied head, norm gains and biases."""
     lr: float = Field(3e-3, gt=0.0)
-    """Peak learning rate (AdamW)."""
+    """Peak learning rate of AdamW (with optimizer muon: of the parameters AdamW keeps)."""
+    muon_lr: float = Field(0.02, gt=0.0)
+    """Peak learning rate of Muon's matrices (optimizer muon only); same schedule as lr."""
+    muon_momentum: float = Field(0.95, ge=0.0, lt=1.0)
+    """Muon's Nesterov momentum (optimizer muon only)."""
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
     """The cosine schedule decays to lr * min_lr_ratio."""
     warmup_steps: int = Field(50, ge=0)
     """Linear warm-up steps."""
     weight_decay: float = Field(0.1, ge=0.0)
-    """AdamW weight decay on matrices (not on norms, biases or embeddings)."""
+    """Decoupled weight decay on hidden matrices (not on norms, biases or embeddings), by AdamW
+    or, with optimizer muon, by Muon."""
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     """AdamW beta1."""
     beta2: float = Field(0.95, ge=0.0, lt=1.0)

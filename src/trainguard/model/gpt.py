@@ -159,25 +159,3 @@ class GPT(nn.Module):
         if non_embedding:
             n -= self.transformer.wpe.weight.numel() + self.transformer.wte.weight.numel()
         return n
-
-    def configure_optimizer(
-        self, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)
-    ) -> torch.optim.AdamW:
-        """AdamW with weight decay on 2-D weight matrices only.
-
-        Norm gains, biases and embeddings (the tied token embedding included) are not decayed:
-        decaying them pulls scales and rare-token rows toward zero for no regularising gain.
-        `fused`/`foreach` are left at torch's defaults, which on CPU are the plain
-        single-tensor loop: deterministic, so the same recipe gives bitwise the same weights.
-        """
-        embeddings = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
-        decay, no_decay = [], []
-        for p in self.parameters():  # shared tensors appear once
-            if not p.requires_grad:
-                continue
-            (decay if p.dim() == 2 and id(p) not in embeddings else no_decay).append(p)
-        groups = [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        return torch.optim.AdamW(groups, lr=lr, betas=betas)

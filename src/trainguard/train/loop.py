@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from trainguard.config.schema import Recipe
 from trainguard.data.order import ElasticOrder, batch_hash
 from trainguard.drills.faults import FaultPlan
+from trainguard.train.optim import Optimizer
 from trainguard.train.schedule import lr_at
 
 
@@ -59,7 +60,7 @@ class Trainer:
         self,
         recipe: Recipe,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: Optimizer,
         train_data,  # data.shards.TokenDataset
         val_data,
         *,
@@ -138,14 +139,19 @@ class Trainer:
         return StepResult(loss=stats[0], grad_norm=stats[1], batch_hash=batch_hash(ids), ids=ids)
 
     def apply_update(self, step: int) -> float:
-        """Set step `step`'s (1-based) learning rate and apply the update; returns the lr."""
+        """Set step `step`'s (1-based) learning rates and apply the update.
+
+        Returns train.lr's scheduled value, the `lr` of the step's log row."""
         t = self.recipe.train
-        lr = lr_at(step - 1, t.lr, t.warmup_steps, t.max_steps, t.min_lr_ratio)
+        # One schedule factor for every group; each group scales its own peak (Muon's matrices
+        # and AdamW's embeddings have different peaks). Groups without `peak_lr` come from a
+        # checkpoint written before groups carried it: their peak was train.lr.
+        factor = lr_at(step - 1, 1.0, t.warmup_steps, t.max_steps, t.min_lr_ratio)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = group.get("peak_lr", t.lr) * factor
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return lr
+        return t.lr * factor
 
     def discard_update(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -17,6 +17,7 @@ import xxhash
 
 import trainguard.codes.distributed  # noqa: F401  (registers H201)
 from trainguard.findings import Finding
+from trainguard.train.optim import Optimizer
 
 if TYPE_CHECKING:
     from trainguard.train.distributed import Dist
@@ -28,7 +29,7 @@ def _update(h: xxhash.xxh3_64, t: torch.Tensor) -> None:
     h.update(flat.view(torch.uint8).cpu().numpy().tobytes() if flat.numel() else b"")
 
 
-def replica_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> str:
+def replica_digest(model: torch.nn.Module, optimizer: Optimizer | None = None) -> str:
     """xxh3-64 of every parameter's bytes (and, if given, the optimizer's tensor state)."""
     h = xxhash.xxh3_64()
     for p in model.parameters():
@@ -90,7 +91,7 @@ def compare_replicas(digests: list[str], hosts: list[str], step: int | None) -> 
 def check_replicas(
     dist: Dist,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
+    optimizer: Optimizer | None,
     step: int,
 ) -> list[Finding]:
     """Hash this rank's replica, gather every rank's hash, compare. A collective: every rank

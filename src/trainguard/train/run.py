@@ -30,6 +30,7 @@ from trainguard.train.evals_hook import RunEvals
 from trainguard.train.loop import Trainer, World
 from trainguard.train.metrics import MetricsLog, ProgressDisplay
 from trainguard.train.multiproc import MultiProcessGuards
+from trainguard.train.optim import build_optimizer
 from trainguard.train.shared_store import checkpoint_root, open_store
 from trainguard.train.state import TrainerState, read_checkpoint_files, write_checkpoint_files
 
@@ -57,11 +58,6 @@ def set_determinism(recipe: Recipe) -> None:
 def build_model(recipe: Recipe, vocab_size: int, device: torch.device) -> GPT:
     torch.manual_seed(recipe.train.seed)  # initialisation depends on the seed alone
     return GPT(recipe.model, vocab_size=vocab_size, seq_len=recipe.data.seq_len).to(device)
-
-
-def build_optimizer(recipe: Recipe, model: GPT) -> torch.optim.Optimizer:
-    t = recipe.train
-    return model.configure_optimizer(t.lr, t.weight_decay, (t.beta1, t.beta2))
 
 
 __all__ = ["RunResult", "RunSession", "checkpoint_root", "run_recipe"]

@@ -18,6 +18,8 @@ import torch
 import yaml
 from safetensors.torch import load_model, save_model
 
+from trainguard.train.optim import Optimizer
+
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 LOADER_FILE = "loader.json"
@@ -78,7 +80,7 @@ def _rng_state() -> dict[str, torch.Tensor]:
 def write_checkpoint_files(
     folder: Path,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     trainer: TrainerState,
     recipe: dict[str, Any],
     env: dict[str, Any],
@@ -100,7 +102,7 @@ def _py_random_state() -> list[Any]:
 
 
 def read_checkpoint_files(
-    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    folder: Path, model: torch.nn.Module, optimizer: Optimizer | None
 ) -> tuple[TrainerState, dict[str, Any]]:
     """Load a verified checkpoint folder into `model` and `optimizer`; restore the RNGs.
 
