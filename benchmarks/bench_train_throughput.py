@@ -25,6 +25,7 @@ from trainguard.config import load_recipe
 from trainguard.data.order import ElasticOrder
 from trainguard.data.prepare import prepare_data
 from trainguard.model.gpt import GPT
+from trainguard.train.optim import build_optimizer
 from trainguard.train.run import run_recipe
 from trainguard.train.schedule import lr_at
 
@@ -34,13 +35,14 @@ def plain_loop(recipe, data, steps: int) -> float:
     t = recipe.train
     torch.manual_seed(t.seed)
     model = GPT(recipe.model, data.vocab_size, recipe.data.seq_len)
-    opt = model.configure_optimizer(t.lr, t.weight_decay, (t.beta1, t.beta2))
+    opt = build_optimizer(recipe, model)  # the recipe's optimizer: Muon + AdamW by default
     order = ElasticOrder(data.train.num_samples(recipe.data.seq_len), t.seed)
     G = t.batch_size * t.grad_accum
     start = None
     for step in range(steps):
+        factor = lr_at(step, 1.0, t.warmup_steps, t.max_steps, t.min_lr_ratio)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, t.lr, t.warmup_steps, t.max_steps, t.min_lr_ratio)
+            g["lr"] = g["peak_lr"] * factor
         tokens = torch.from_numpy(
             data.train.samples(order.sample_ids(step * G, G), recipe.data.seq_len)
         )

@@ -178,7 +178,9 @@ def test_each_group_follows_the_schedule_from_its_own_peak():
     assert muon_group["lr"] == pytest.approx(0.05 * recipe.train.min_lr_ratio)
 
 
-def test_muon_run_killed_and_resumed_is_bitwise_identical(tiny_recipe: Path, tmp_path: Path):
+def test_muon_run_killed_and_resumed_is_bitwise_identical(
+    tiny_recipe: Path, finished_tiny_run: Path, tmp_path: Path
+):
     muon = ["--set", "train.optimizer=muon", "-q"]
     clean, chained = tmp_path / "clean", tmp_path / "chained"
     assert run_cli("run", str(tiny_recipe), "--run-dir", str(clean), *muon).returncode == 0
@@ -189,7 +191,26 @@ def test_muon_run_killed_and_resumed_is_bitwise_identical(tiny_recipe: Path, tmp
     assert res.returncode == 0, res.stderr
     assert_bitwise_equal(final_weights(clean, 12), final_weights(chained, 12))
     assert [r["loss"] for r in step_rows(clean)] == [r["loss"] for r in step_rows(chained)]
-    # And Muon changed the trajectory: the run did not silently fall back to AdamW.
-    adamw = tmp_path / "adamw"
-    assert run_cli("run", str(tiny_recipe), "--run-dir", str(adamw), "-q").returncode == 0
-    assert step_rows(adamw)[1]["loss"] != step_rows(clean)[1]["loss"]
+    # And Muon changed the trajectory: the run did not silently fall back to AdamW (the
+    # finished tiny run is the same recipe with AdamW).
+    assert step_rows(finished_tiny_run)[0]["loss"] == step_rows(clean)[0]["loss"]
+    assert step_rows(finished_tiny_run)[1]["loss"] != step_rows(clean)[1]["loss"]
+
+
+def test_replica_digest_covers_muon_and_adamw_state():
+    from trainguard.train.replica import replica_digest
+
+    model = make_model()
+    opt = build_optimizer(_recipe("muon"), model)
+    _steps(model, opt, 1, seed=300)
+    before = replica_digest(model, opt)
+    assert before == replica_digest(model, opt)
+    for name in ("muon", "adamw"):  # one flipped state value in either optimizer shows
+        state = next(iter(opt.optimizers[name].state.values()))
+        buf = state["momentum_buffer" if name == "muon" else "exp_avg"]
+        old = buf.view(-1)[0].item()
+        buf.view(-1)[0] = old + 1.0
+        assert replica_digest(model, opt) != before, name
+        assert replica_digest(model) == replica_digest(model)  # weights alone: unchanged
+        buf.view(-1)[0] = old
+    assert replica_digest(model, opt) == before

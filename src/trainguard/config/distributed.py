@@ -35,7 +35,8 @@ class DistributedConfig(BaseModel):
     """Compare the ranks' parameter hashes every this many steps and before every checkpoint
     (H201); 0 disables it (checkpoints are then not guarded either)."""
     replica_check_optimizer: bool = False
-    """Also hash the optimizer state (AdamW moments) in the replica check: stricter, slower."""
+    """Also hash the optimizer state (AdamW moments, Muon momentum) in the replica check:
+    stricter, slower."""
     straggler_interval: int = Field(20, ge=0)
     """Gather per-rank phase timings every this many steps and score stragglers (H202); 0
     disables it."""
