@@ -23,6 +23,8 @@ from trainguard.errors import BadInputError
 # detector (20 steps of history) to act. lr 1e-3 with a 20-step warm-up, because at the
 # recipe's 3e-3 this small model has real gradient-norm spikes around step 20-35 that the
 # guard rightly skips; the clean run must be quiet, and we do not loosen the detector for it.
+# (With the default recipe's Muon, lr is AdamW's share: embeddings, norms, biases; the hidden
+# matrices keep the recipe's muon_lr, and the clean drill run stays quiet with it.)
 # Pre-flight is off: the drills test the in-run guards (pre-flight has its own commands and
 # reports tokenizer warnings on the stdlib corpus that are not faults of the run).
 DRILL_SETTINGS: tuple[str, ...] = (
@@ -36,7 +38,7 @@ DRILL_SETTINGS: tuple[str, ...] = (
     "train.eval_batches=8",
     "train.threads=1",
     "preflight.enabled=false",
-    # Spikes are scored from step 20 on: a drill run is 60 steps, not the recipe's 500 (whose
+    # Spikes are scored from step 20 on: a drill run is 60 steps, not the recipe's 300 (whose
     # 100-step detector warm-up would outlast the whole drill). With the gentler lr above the
     # clean run is quiet at this setting.
     "guards.spike_min_history=20",
