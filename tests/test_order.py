@@ -150,10 +150,13 @@ def test_bad_order_inputs() -> None:
 
 def test_loader_state_round_trip_and_checks() -> None:
     state = LoaderState.at(2500, num_samples=1000)
-    assert state == LoaderState(epoch=2, position=2500)
+    assert state == LoaderState(epoch=2, position=500, global_position=2500)
+    assert state.advanced(700, num_samples=1000) == LoaderState(3, 200, 3200)
     assert LoaderState.from_dict(state.to_dict(), num_samples=1000) == state
-    with pytest.raises(BadInputError, match="does not match position"):
-        LoaderState.from_dict({"epoch": 1, "position": 2500}, num_samples=1000)
+    with pytest.raises(BadInputError, match="does not match"):  # data of another size
+        LoaderState.from_dict(state.to_dict(), num_samples=900)
+    with pytest.raises(BadInputError, match="does not match"):  # an edited loader.json
+        LoaderState.from_dict({"epoch": 1, "position": 500, "global_position": 2500}, 1000)
     with pytest.raises(BadInputError, match="is not"):
         LoaderState.from_dict({"position": 3})
 

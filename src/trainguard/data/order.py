@@ -161,17 +161,31 @@ def rank_slice(ids: np.ndarray, rank: int, world_size: int) -> np.ndarray:
     return ids[rank * per : (rank + 1) * per]
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoaderState:
-    """Where the loader is: `position` = global samples consumed since the start of training
-    (all epochs); `epoch` = position // num_samples, kept for humans and checked on load."""
+    """Where the loader is, as checkpoints record it (`loader.json`).
+
+    `global_position` = samples consumed since the start of training, over all epochs: what the
+    elastic order is indexed by. `epoch` and `position` (within the epoch) derive from it and
+    the epoch size; they are kept for humans and checked on load, so a checkpoint resumed on
+    data of another size is refused instead of reading from the wrong place.
+    """
 
     epoch: int = 0
     position: int = 0
+    global_position: int = 0
 
     @classmethod
-    def at(cls, position: int, num_samples: int) -> LoaderState:
-        return cls(epoch=position // num_samples, position=position)
+    def at(cls, global_position: int, num_samples: int) -> LoaderState:
+        return cls(
+            epoch=global_position // num_samples,
+            position=global_position % num_samples,
+            global_position=global_position,
+        )
+
+    def advanced(self, samples: int, num_samples: int) -> LoaderState:
+        """The state after `samples` more samples of the order were consumed."""
+        return LoaderState.at(self.global_position + samples, num_samples)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -179,16 +193,22 @@ class LoaderState:
     @classmethod
     def from_dict(cls, d: dict[str, Any], num_samples: int | None = None) -> LoaderState:
         try:
-            state = cls(epoch=int(d["epoch"]), position=int(d["position"]))
+            state = cls(
+                epoch=int(d["epoch"]),
+                position=int(d["position"]),
+                global_position=int(d["global_position"]),
+            )
         except (KeyError, TypeError, ValueError):
             raise BadInputError(
-                f"loader state {d!r} is not {{'epoch': int, 'position': int}}",
+                f"loader state {d!r} is not "
+                "{'epoch': int, 'position': int, 'global_position': int}",
                 "resume from a checkpoint written by trainguard (loader.json)",
             ) from None
-        if num_samples is not None and state.epoch != state.position // num_samples:
+        if num_samples is not None and state != cls.at(state.global_position, num_samples):
             raise BadInputError(
-                f"loader state epoch {state.epoch} does not match position {state.position} "
-                f"with {num_samples} samples per epoch (the data changed?)",
+                f"loader state (epoch {state.epoch}, position {state.position}) does not match "
+                f"global position {state.global_position} with {num_samples} samples per epoch "
+                "(the data changed?)",
                 "resume with the data the run was started with",
             )
         return state

@@ -18,6 +18,7 @@ import torch
 import yaml
 from safetensors.torch import load_model, save_model
 
+from trainguard.data.order import LoaderState
 from trainguard.train.optim import Optimizer
 
 MODEL_FILE = "model.safetensors"
@@ -35,18 +36,15 @@ class TrainerState:
 
     step: int = 0
     tokens_seen: int = 0
-    # Data position: epoch and position within it, plus the global position they come from
-    # (epoch * num_samples + position), which is what the elastic order is indexed by.
-    loader: dict[str, Any] = field(
-        default_factory=lambda: {"epoch": 0, "position": 0, "global_position": 0}
-    )
+    loader: LoaderState = field(default_factory=LoaderState)
     skipped_positions: list[list[int]] = field(default_factory=list)
     guard: dict[str, Any] = field(default_factory=dict)
     evals: dict[str, Any] = field(default_factory=dict)
 
     @property
     def loader_position(self) -> int:
-        return int(self.loader["global_position"])
+        """The global position in the elastic order: what the next step reads from."""
+        return self.loader.global_position
 
     def advance(self, samples: int, tokens: int, num_samples: int) -> None:
         """One step consumed `samples` sequences of the order and trained on `tokens` tokens."""
@@ -55,14 +53,13 @@ class TrainerState:
         self.skip_data(samples, num_samples)
 
     def skip_data(self, samples: int, num_samples: int) -> None:
-        g = self.loader_position + samples
-        self.loader = {"epoch": g // num_samples, "position": g % num_samples, "global_position": g}
+        self.loader = self.loader.advanced(samples, num_samples)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
-            "loader": self.loader,
+            "loader": self.loader.to_dict(),
             "skipped_positions": self.skipped_positions,
             "guard": self.guard,
             "evals": self.evals,
@@ -89,7 +86,7 @@ def write_checkpoint_files(
     save_model(model, str(folder / MODEL_FILE))
     torch.save(optimizer.state_dict(), folder / OPTIMIZER_FILE)
     torch.save(_rng_state(), folder / RNG_FILE)
-    (folder / LOADER_FILE).write_text(json.dumps(trainer.loader, indent=2))
+    (folder / LOADER_FILE).write_text(json.dumps(trainer.loader.to_dict(), indent=2))
     trainer_doc = trainer.to_dict() | {"python_random": _py_random_state()}
     (folder / TRAINER_FILE).write_text(json.dumps(trainer_doc, indent=2))
     (folder / RECIPE_FILE).write_text(yaml.safe_dump(recipe, sort_keys=False))
@@ -124,7 +121,7 @@ def read_checkpoint_files(
     trainer = TrainerState(
         step=doc["step"],
         tokens_seen=doc["tokens_seen"],
-        loader=json.loads((folder / LOADER_FILE).read_text()),
+        loader=LoaderState.from_dict(json.loads((folder / LOADER_FILE).read_text())),
         skipped_positions=doc.get("skipped_positions", []),
         guard=doc.get("guard", {}),
         evals=doc.get("evals", {}),
