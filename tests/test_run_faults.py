@@ -117,3 +117,28 @@ def test_disk_full_during_checkpoint_keeps_previous(tiny_recipe: Path, tiny_run_
     res = run_cli(*args[3:], "-q", "--json", "--set", "train.max_steps=16")
     payload = json.loads(res.stdout)
     assert payload["resumed_from"] == 12 and payload["final_step"] == 16
+
+
+def test_a_hang_is_in_the_log_once_after_the_relaunch(tiny_recipe: Path, tmp_path: Path) -> None:
+    """The hung process exits at once (status 3) and writes its R210 only to hang-*.json; the
+    relaunch puts it in metrics.jsonl, and later resumes do not log it again."""
+    run_dir = tmp_path / "run"
+    args = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q"]
+    fast_hang = ["--set", "guards.hang_floor_s=1"]
+    res = run_cli(*args, *fast_hang, env={"TRAINGUARD_INJECT": "hang@6"})
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert len(list(run_dir.glob("hang-*.json"))) == 1
+
+    def r210_rows() -> list[dict]:
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in rows if r.get("kind") == "finding" and r["code"] == "R210"]
+
+    assert r210_rows() == []  # the hung process could not log it
+    assert run_cli(*args, *fast_hang).returncode == 0
+    (logged,) = r210_rows()
+    assert logged["step"] == 5 and logged["where"] == "forward"
+    assert logged["data"]["stack_file"].startswith("hang-")
+    # A later resume (more steps) keeps the one row and adds no second.
+    res = run_cli(*args, *fast_hang, "--set", "train.max_steps=14")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(r210_rows()) == 1

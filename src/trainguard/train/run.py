@@ -21,14 +21,14 @@ from trainguard.errors import PreflightFailed
 from trainguard.findings import Finding
 from trainguard.guard import Decision, Guard
 from trainguard.model.gpt import GPT
-from trainguard.monitors.watchdog import Watchdog
+from trainguard.monitors.watchdog import Watchdog, read_hang_reports
 from trainguard.train import rundir
 from trainguard.train.actions import StepPositions, next_position, rerun_to_classify, rollback
 from trainguard.train.distributed import Dist, init_distributed
 from trainguard.train.envinfo import drift_findings, environment_fingerprint
 from trainguard.train.evals_hook import RunEvals
 from trainguard.train.loop import Trainer, World
-from trainguard.train.metrics import MetricsLog, ProgressDisplay
+from trainguard.train.metrics import MetricsLog, ProgressDisplay, read_metrics
 from trainguard.train.multiproc import MultiProcessGuards
 from trainguard.train.optim import build_optimizer
 from trainguard.train.shared_store import checkpoint_root, open_store
@@ -148,6 +148,7 @@ class RunSession:
         self.replayed_hashes = {
             r["step"]: r["batch_hash"] for r in dropped if r.get("kind") == "step"
         }
+        self.record_earlier_hangs()
         if loaded is None:
             return
         self.state, saved_env = read_checkpoint_files(loaded.path, self.model, self.optimizer)
@@ -166,6 +167,25 @@ class RunSession:
                     data={"path": str(loaded.path)},
                 )
             ]
+        )
+
+    def record_earlier_hangs(self) -> None:
+        """Log the hangs that ended earlier attempts (R210, R301), once each.
+
+        A hung process writes its finding to hang-*.json and exits at once; the truncation
+        above also drops such rows (their step is past the checkpoint), and replaying the steps
+        does not hang again. So they come back here, keyed by their stack file, and the log
+        and report keep every hang of the run's history.
+        """
+        if not self.is_main:
+            return
+        logged = {
+            (row.get("data") or {}).get("stack_file")
+            for row in read_metrics(self.run_dir)
+            if row.get("kind") == "finding"
+        }
+        self.record(
+            [f for f in read_hang_reports(self.run_dir) if f.data.get("stack_file") not in logged]
         )
 
     def save_checkpoint(self) -> None:
