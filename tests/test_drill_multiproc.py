@@ -55,6 +55,7 @@ def test_incomparable_row_says_so_and_recovers_by_finishing() -> None:
     assert comparable.loss_ratio == 1.0 and comparable.cells()[-1] == "1.0000x (2.0000)"
 
 
+@pytest.mark.slow  # ~25 s; test_distributed_gloo covers replica corruption (H201) by default
 def test_replica_corruption_drill_names_rank_1_and_rolls_back(
     small_corpus: Path, cache_dir: Path, tmp_path: Path
 ) -> None:

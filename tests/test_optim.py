@@ -128,8 +128,9 @@ def _steps(model, opt, n: int, seed: int) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-def test_muon_state_round_trip_resumes_bitwise(tmp_path: Path):
-    recipe = _recipe("muon")
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_optimizer_state_round_trip_resumes_bitwise(optimizer: str, tmp_path: Path):
+    recipe = _recipe(optimizer)
     torch.manual_seed(0)
     a = make_model()
     opt_a = build_optimizer(recipe, a)
@@ -141,7 +142,7 @@ def test_muon_state_round_trip_resumes_bitwise(tmp_path: Path):
     b.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
     opt_b = build_optimizer(recipe, b)
     opt_b.load_state_dict(torch.load(tmp_path / "opt.pt", weights_only=True))
-    # Momentum buffers are state too: without them the next step would differ.
+    # Moments and momentum buffers are state too: without them the next step would differ.
     _steps(a, opt_a, 2, seed=200)
     _steps(b, opt_b, 2, seed=200)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
@@ -178,6 +179,7 @@ def test_each_group_follows_the_schedule_from_its_own_peak():
     assert muon_group["lr"] == pytest.approx(0.05 * recipe.train.min_lr_ratio)
 
 
+@pytest.mark.slow  # ~30 s; the state round trip above and the SIGKILL tests cover the parts
 def test_muon_run_killed_and_resumed_is_bitwise_identical(
     tiny_recipe: Path, finished_tiny_run: Path, tmp_path: Path
 ):

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from runhelpers import run_cli, tiny_recipe_dict
@@ -119,9 +120,10 @@ def test_disk_full_during_checkpoint_keeps_previous(tiny_recipe: Path, tiny_run_
     assert payload["resumed_from"] == 12 and payload["final_step"] == 16
 
 
+@pytest.mark.slow  # ~35 s; test_watchdog.py covers unlogged_hang_reports in process
 def test_a_hang_is_in_the_log_once_after_the_relaunch(tiny_recipe: Path, tmp_path: Path) -> None:
     """The hung process exits at once (status 3) and writes its R210 only to hang-*.json; the
-    relaunch puts it in metrics.jsonl, and later resumes do not log it again."""
+    relaunch puts it in metrics.jsonl, and a later resume does not log it again."""
     run_dir = tmp_path / "run"
     args = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q"]
     fast_hang = ["--set", "guards.hang_floor_s=1"]
@@ -138,7 +140,6 @@ def test_a_hang_is_in_the_log_once_after_the_relaunch(tiny_recipe: Path, tmp_pat
     (logged,) = r210_rows()
     assert logged["step"] == 5 and logged["where"] == "forward"
     assert logged["data"]["stack_file"].startswith("hang-")
-    # A later resume (more steps) keeps the one row and adds no second.
-    res = run_cli(*args, *fast_hang, "--set", "train.max_steps=14")
-    assert res.returncode == 0, res.stderr[-2000:]
+    # Re-running the finished run (it re-evaluates) resumes again: still the one row.
+    assert run_cli(*args, *fast_hang).returncode == 0
     assert len(r210_rows()) == 1

@@ -162,3 +162,31 @@ def test_watchdog_thread_fires_in_process(tmp_path):
     assert done.wait(10.0)
     wd.stop()
     assert wd.fired is not None and wd.fired.step == 2
+
+
+def test_resume_logs_each_earlier_hang_once(tmp_path):
+    """What the relaunch adds to metrics.jsonl: the hangs in hang-*.json not logged yet."""
+    from trainguard.train.metrics import MetricsLog
+    from trainguard.train.run import unlogged_hang_reports
+
+    assert unlogged_hang_reports(tmp_path) == []
+    first = Watchdog(tmp_path, floor_s=1.0, exit_process=False, rank=0)
+    first.heartbeat(7)
+    hang = first.fire(elapsed=3.0, timeout=1.0)
+    (found,) = unlogged_hang_reports(tmp_path)
+    assert (found.code, found.step, found.data["stack_file"]) == (
+        "R210",
+        7,
+        hang.data["stack_file"],
+    )
+    log = MetricsLog(tmp_path)
+    log.write({"kind": "finding", **found.to_dict()})
+    log.close()
+    assert unlogged_hang_reports(tmp_path) == []  # logged once: a second resume adds nothing
+    time.sleep(0.01)  # a later hang gets a later timestamped file name
+    second = Watchdog(tmp_path, floor_s=1.0, exit_process=False, rank=0)
+    second.heartbeat(9)
+    later = second.fire(elapsed=3.0, timeout=1.0)
+    assert [f.data["stack_file"] for f in unlogged_hang_reports(tmp_path)] == [
+        later.data["stack_file"]
+    ]

@@ -55,6 +55,22 @@ def set_determinism(recipe: Recipe) -> None:
     torch.manual_seed(recipe.train.seed)
 
 
+def unlogged_hang_reports(run_dir: Path) -> list[Finding]:
+    """The hang findings in RUN_DIR/hang-*.json that metrics.jsonl does not hold yet.
+
+    A hung process (R210) or hung rank (R301) writes its finding to hang-*.json and exits at
+    once; the resume truncation also drops such rows (their step is past the checkpoint), and
+    replaying the steps does not hang again. Keyed by stack file, so each hang is logged once
+    however often the run resumes, and the log and report keep the run's whole history.
+    """
+    logged = {
+        (row.get("data") or {}).get("stack_file")
+        for row in read_metrics(run_dir)
+        if row.get("kind") == "finding"
+    }
+    return [f for f in read_hang_reports(run_dir) if f.data.get("stack_file") not in logged]
+
+
 def build_model(recipe: Recipe, vocab_size: int, device: torch.device) -> GPT:
     torch.manual_seed(recipe.train.seed)  # initialisation depends on the seed alone
     return GPT(recipe.model, vocab_size=vocab_size, seq_len=recipe.data.seq_len).to(device)
@@ -170,23 +186,10 @@ class RunSession:
         )
 
     def record_earlier_hangs(self) -> None:
-        """Log the hangs that ended earlier attempts (R210, R301), once each.
-
-        A hung process writes its finding to hang-*.json and exits at once; the truncation
-        above also drops such rows (their step is past the checkpoint), and replaying the steps
-        does not hang again. So they come back here, keyed by their stack file, and the log
-        and report keep every hang of the run's history.
-        """
-        if not self.is_main:
-            return
-        logged = {
-            (row.get("data") or {}).get("stack_file")
-            for row in read_metrics(self.run_dir)
-            if row.get("kind") == "finding"
-        }
-        self.record(
-            [f for f in read_hang_reports(self.run_dir) if f.data.get("stack_file") not in logged]
-        )
+        """Log the hangs that ended earlier attempts (R210, R301), once each (see
+        `unlogged_hang_reports`)."""
+        if self.is_main:
+            self.record(unlogged_hang_reports(self.run_dir))
 
     def save_checkpoint(self) -> None:
         step = self.state.step
