@@ -5,16 +5,26 @@ schedule shape), with pre-flight, use-case evals and the report left out so that
 is training plus the periodic validation and checkpoints. The runs are deterministic on CPU, so
 the losses repeat exactly; only the times are noisy.
 
-    python benchmarks/bench_optimizer.py [--configs adamw:500,adamw:300,muon:300]
+It also times one optimizer step over the default model's hidden matrices with trainguard's
+`Muon` (fp32 Newton-Schulz on CPU) against `torch.optim.Muon` (bfloat16 Newton-Schulz),
+alternating rounds, same gradients: why the project carries its own Muon.
+
+    python benchmarks/bench_optimizer.py [--configs adamw:500,adamw:300,muon:300] [--rounds 5]
+    python benchmarks/bench_optimizer.py --configs "" --rounds 5   # the step timing only
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 
+import torch
+
 from trainguard.config import load_recipe
+from trainguard.model.gpt import GPT
+from trainguard.train.optim import Muon, split_params
 from trainguard.train.run import run_recipe
 
 
@@ -35,16 +45,55 @@ def run_one(optimizer: str, steps: int) -> tuple[float, float]:
     return result.final_val_loss, wall
 
 
+def muon_step_seconds(make_optimizer, matrices: list[torch.nn.Parameter], steps: int) -> float:
+    """Median seconds of one optimizer step over `matrices` (gradients fixed and random)."""
+    gen = torch.Generator().manual_seed(0)
+    for p in matrices:
+        p.grad = torch.randn(p.shape, generator=gen)
+    opt = make_optimizer(matrices)
+    opt.step()  # first step allocates the momentum buffers
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def step_timing(rounds: int, steps: int = 10) -> None:
+    recipe = load_recipe("default")
+    t = recipe.train
+    model = GPT(recipe.model, recipe.tokenizer.vocab_size, recipe.data.seq_len)
+    matrices, _, _ = split_params(model)
+    candidates = {
+        "trainguard Muon (fp32 NS)": lambda ps: Muon(ps, lr=t.muon_lr, weight_decay=0.0),
+        "torch.optim.Muon (bf16 NS)": lambda ps: torch.optim.Muon(ps, lr=t.muon_lr),
+    }
+    medians: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(rounds):  # alternate, so machine noise hits both
+        for name, make in candidates.items():
+            medians[name].append(muon_step_seconds(make, matrices, steps))
+    ours, ref = (statistics.median(v) for v in medians.values())
+    print(f"optimizer step over {len(matrices)} hidden matrices, median of {rounds} rounds:")
+    for name, values in medians.items():
+        print(f"  {name}: {statistics.median(values) * 1e3:.1f} ms")
+    print(f"  torch.optim.Muon / trainguard Muon: {ref / ours:.1f}x\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="adamw:500,adamw:300,muon:300")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the Muon step timing")
     args = ap.parse_args()
+    step_timing(args.rounds)
     results = []
-    for item in args.configs.split(","):
+    for item in filter(None, args.configs.split(",")):
         optimizer, steps = item.split(":")
         loss, wall = run_one(optimizer, int(steps))
         results.append((optimizer, int(steps), loss, wall))
         print(f"{optimizer:>5} {int(steps):>4} steps: val_loss {loss:.4f}  wall {wall:6.1f} s")
+    if not results:
+        return
     base = results[0]
     print(f"\nratios to {base[0]} {base[1]} steps:")
     for optimizer, steps, loss, wall in results[1:]:

@@ -16,6 +16,8 @@ from typing import Any, TextIO
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+from trainguard.findings import Finding
+from trainguard.monitors.watchdog import read_hang_reports
 from trainguard.util.atomic import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
@@ -138,3 +140,19 @@ class ProgressDisplay:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+def unlogged_hang_reports(run_dir: Path) -> list[Finding]:
+    """The hang findings in RUN_DIR/hang-*.json that metrics.jsonl does not hold yet.
+
+    A hung process (R210) or hung rank (R301) writes its finding to hang-*.json and exits at
+    once; the resume truncation also drops such rows (their step is past the checkpoint), and
+    replaying the steps does not hang again. Keyed by stack file, so each hang is logged once
+    however often the run resumes, and the log and report keep the run's whole history.
+    """
+    logged = {
+        (row.get("data") or {}).get("stack_file")
+        for row in read_metrics(run_dir)
+        if row.get("kind") == "finding"
+    }
+    return [f for f in read_hang_reports(run_dir) if f.data.get("stack_file") not in logged]

@@ -7,9 +7,11 @@ validation loss of 500 AdamW steps (docs/benchmarks.md), which is what lets the 
 5-minute budget on two CPU cores.
 
 Why not `torch.optim.Muon`: it runs Newton-Schulz in bfloat16, which is fast on GPUs and slow
-on CPUs without bf16 units; on this project's CPU machine it made a whole training step 3.7x
-slower (1.33 s vs 0.36 s). `Muon` below follows torch's update rule (EMA momentum, Nesterov,
-shape-adjusted lr, decoupled weight decay) and iterates in bfloat16 only on CUDA.
+on CPUs without bf16 units; on this project's CPU machine its step over the default model's
+matrices took 961 ms against 43 ms for the fp32 iteration here (22x; `python
+benchmarks/bench_optimizer.py --configs ""`), more than a whole training step. `Muon` below
+follows torch's update rule (EMA momentum, Nesterov, shape-adjusted lr, decoupled weight decay)
+and iterates in bfloat16 only on CUDA.
 
 Each param group carries `peak_lr`, its own peak learning rate; the run scales every group by
 the same schedule factor (train/schedule.py), so AdamW and Muon warm up and decay together.
@@ -137,7 +139,7 @@ class OptimizerSet:
 Optimizer = torch.optim.Optimizer | OptimizerSet
 
 
-def _split_params(
+def split_params(
     model: nn.Module,
 ) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
     """(hidden 2-D matrices, embeddings with the tied head, the rest: norm gains and biases)."""
@@ -170,7 +172,7 @@ def build_optimizer(recipe: Recipe, model: nn.Module) -> Optimizer:
     same weights.
     """
     t = recipe.train
-    matrices, embeds, others = _split_params(model)
+    matrices, embeds, others = split_params(model)
     betas = (t.beta1, t.beta2)
     if t.optimizer == "adamw":
         groups = _with_peak(

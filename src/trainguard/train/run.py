@@ -21,14 +21,14 @@ from trainguard.errors import PreflightFailed
 from trainguard.findings import Finding
 from trainguard.guard import Decision, Guard
 from trainguard.model.gpt import GPT
-from trainguard.monitors.watchdog import Watchdog, read_hang_reports
+from trainguard.monitors.watchdog import Watchdog
 from trainguard.train import rundir
 from trainguard.train.actions import StepPositions, next_position, rerun_to_classify, rollback
 from trainguard.train.distributed import Dist, init_distributed
 from trainguard.train.envinfo import drift_findings, environment_fingerprint
 from trainguard.train.evals_hook import RunEvals
 from trainguard.train.loop import Trainer, World
-from trainguard.train.metrics import MetricsLog, ProgressDisplay, read_metrics
+from trainguard.train.metrics import MetricsLog, ProgressDisplay, unlogged_hang_reports
 from trainguard.train.multiproc import MultiProcessGuards
 from trainguard.train.optim import build_optimizer
 from trainguard.train.shared_store import checkpoint_root, open_store
@@ -53,22 +53,6 @@ def set_determinism(recipe: Recipe) -> None:
         torch.set_num_threads(recipe.train.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(recipe.train.seed)
-
-
-def unlogged_hang_reports(run_dir: Path) -> list[Finding]:
-    """The hang findings in RUN_DIR/hang-*.json that metrics.jsonl does not hold yet.
-
-    A hung process (R210) or hung rank (R301) writes its finding to hang-*.json and exits at
-    once; the resume truncation also drops such rows (their step is past the checkpoint), and
-    replaying the steps does not hang again. Keyed by stack file, so each hang is logged once
-    however often the run resumes, and the log and report keep the run's whole history.
-    """
-    logged = {
-        (row.get("data") or {}).get("stack_file")
-        for row in read_metrics(run_dir)
-        if row.get("kind") == "finding"
-    }
-    return [f for f in read_hang_reports(run_dir) if f.data.get("stack_file") not in logged]
 
 
 def build_model(recipe: Recipe, vocab_size: int, device: torch.device) -> GPT:
