@@ -13,13 +13,15 @@
         optimizer.zero_grad()
 
 Call `guard.step` BEFORE `optimizer.step()`: a non-finite or spiking update is then never
-applied. The action for each finding code is configurable (`actions={"R102": "apply"}`);
-the strongest action among the step's findings wins (halt > rollback > skip > apply).
+applied. `Guard(tensorboard_dir="runs/x/tb")` (or `sinks=[...]`, any `MetricsSink`) also sends
+each step's metrics and every finding there, as `trainguard run` does; call `guard.close()` at
+the end (or use the guard as a context manager). The action for each finding code is
+configurable (`actions={"R102": "apply"}`); the strongest action among the step's findings wins
+(halt > rollback > skip > apply).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ from pydantic import Field, field_validator
 import trainguard.codes.run  # noqa: F401  (registers the R codes the guard emits)
 from trainguard.errors import ConfigError, RunHalted
 from trainguard.findings import Finding
+from trainguard.metrics.jsonl import MetricsLog
+from trainguard.metrics.sinks import MetricsFanout, MetricsSink
 from trainguard.monitors.config import MonitorsConfig
 from trainguard.monitors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
 from trainguard.monitors.rerun import classify_rerun
@@ -140,7 +144,12 @@ class Guard:
         config: GuardsConfig | None = None,
         metrics: dict[str, MetricKind] | None = None,
         data_period: float | None = None,
+        tensorboard_dir: str | Path | None = None,
+        sinks: list[MetricsSink] | None = None,
     ) -> None:
+        """`run_dir`: findings go to `run_dir/guard.jsonl`. `tensorboard_dir`: every step's
+        metrics and findings go to TensorBoard (the `tensorboard` extra); `sinks`: to any
+        other `MetricsSink` (e.g. `trainguard.metrics.wandb_sink.WandbSink`)."""
         self.config = config or GuardsConfig()
         self.actions: dict[str, Action] = {**DEFAULT_ACTIONS, **self.config.actions}
         for code, act in (actions or {}).items():
@@ -148,6 +157,14 @@ class Guard:
                 raise ConfigError(f"action {act!r} for {code}", f"use one of {ACTIONS}")
             self.actions[code] = act
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        viewers = list(sinks or [])
+        if tensorboard_dir is not None:
+            from trainguard.metrics.tensorboard_sink import TensorBoardSink
+
+            viewers.append(TensorBoardSink(tensorboard_dir))
+        # The same fan-out `run` writes through: rows of metrics.jsonl's shape to each sink.
+        self.sinks = MetricsFanout(None, viewers)
+        self._findings_log = MetricsLog(self.run_dir, "guard.jsonl") if self.run_dir else None
         self.monitors = MonitorSet(self.config, metrics or DEFAULT_METRICS, data_period)
         self.rollbacks = 0
         self.skipped = 0
@@ -187,8 +204,7 @@ class Guard:
         decision = self._decide(step, found) if found else Decision(step)
         if decision.action != "apply" and optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
-        if decision.findings and self.run_dir is not None:
-            self._log(decision)
+        self._log(step, values, decision)
         return decision
 
     def _decide(self, step: int, found: list[Finding]) -> Decision:
@@ -312,9 +328,25 @@ class Guard:
                 return m.data_period
         return None
 
-    def _log(self, decision: Decision) -> None:
-        assert self.run_dir is not None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.run_dir / "guard.jsonl", "a", encoding="utf-8") as fh:
-            for f in decision.findings:
-                fh.write(json.dumps({"kind": "finding", **f.to_dict()}, default=str) + "\n")
+    def _log(self, step: int, values: dict[str, float | None], decision: Decision) -> None:
+        findings = [{"kind": "finding", **f.to_dict()} for f in decision.findings]
+        if self._findings_log is not None:
+            for row in findings:
+                self._findings_log.write(row)
+        if self.sinks.viewers:
+            for row in findings:
+                self.sinks.write(row)
+            metrics = {k: v for k, v in values.items() if v is not None}
+            self.sinks.write({"kind": "step", "step": step, **metrics, "action": decision.action})
+
+    def close(self) -> None:
+        """Flush and close guard.jsonl and the metric sinks."""
+        if self._findings_log is not None:
+            self._findings_log.close()
+        self.sinks.close()
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,5 +1,6 @@
-"""`trainguard check-model TARGET [--vocab-size V] [--seq-len T] [--batch-size B] [--dtype D]
-[--json]`: causality, gradient leak, batch independence, train/serve and MoE drop checks."""
+"""`trainguard check-model TARGET|--hf CONFIG [--vocab-size V] [--seq-len T] [--batch-size B]
+[--dtype D] [--json]`: causality, gradient leak, batch independence, train/serve and MoE drop
+checks. TARGET is a model factory; `--hf` takes a Hugging Face config instead."""
 
 from __future__ import annotations
 
@@ -15,13 +16,21 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def check_model_cmd(
         target: Annotated[
-            str,
+            str | None,
             typer.Argument(
                 help="path/to/file.py:factory or package.module:factory; factory() returns an "
                 "nn.Module mapping LongTensor [B, T] to logits [B, T, V] (or a tuple whose "
                 "first item is, or an object with .logits)."
             ),
-        ],
+        ] = None,
+        hf: Annotated[
+            str | None,
+            typer.Option(
+                "--hf",
+                help="Instead of TARGET: a Hugging Face config.json or model folder, built with "
+                "AutoModelForCausalLM.from_config (random weights, no download).",
+            ),
+        ] = None,
         vocab_size: Annotated[
             int | None,
             typer.Option(help="Token ids are drawn below this; default: the first nn.Embedding."),
@@ -50,8 +59,9 @@ def register(app: typer.Typer) -> None:
         import torch
 
         from trainguard.checks._model_runner import ModelCheckInputError
+        from trainguard.checks.hf_model import load_target
         from trainguard.checks.model_checks import run_model_checks
-        from trainguard.checks.model_target import infer_vocab_size, load_model
+        from trainguard.checks.model_target import infer_vocab_size
         from trainguard.numerics.reduction import dtype_of
 
         if threads is not None:
@@ -59,7 +69,7 @@ def register(app: typer.Typer) -> None:
         if dtype is not None:
             dtype_of(dtype)
         dtype_of(master_weights)
-        model = load_model(target)
+        model, label = load_target(target, hf, seed)
         vocab = vocab_size or infer_vocab_size(model)
         if vocab is None:
             raise ModelCheckInputError(
@@ -87,6 +97,6 @@ def register(app: typer.Typer) -> None:
         emit(
             report.findings,
             as_json,
-            extra={"target": target, "vocab_size": vocab, **extra},
+            extra={"target": label, "vocab_size": vocab, **extra},
             title="check-model",
         )

@@ -14,14 +14,10 @@ from pydantic import ValidationError
 from trainguard.cli.common import console, emit, exit_status, findings_table, handle_errors
 from trainguard.errors import ConfigError, DataError
 from trainguard.findings import Finding, has_errors
+from trainguard.metrics.formats import ACCEPTED, follow_rows, read_rows
+from trainguard.metrics.logfile import LogState, normalise
 from trainguard.monitors.config import MonitorsConfig
-from trainguard.monitors.metrics_log import (
-    LogState,
-    choose_metrics,
-    follow_rows,
-    normalise,
-    read_rows,
-)
+from trainguard.monitors.metrics_log import choose_metrics
 from trainguard.monitors.monitor_set import MonitorSet
 
 
@@ -58,7 +54,7 @@ def watch_log(
     if not rows:
         raise DataError(
             f"metric log {path} has no step rows",
-            "log one row per step with a `step` key and the metrics",
+            f"log one row per step with a `step` key and the metrics; accepted: {ACCEPTED}",
         )
     chosen = choose_metrics(state.keys, metrics)
     period = data_period or state.data_period
@@ -140,7 +136,10 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def watch(
         metrics_log: Path = typer.Argument(
-            ..., metavar="METRICS", help="Metric log: JSON Lines or CSV with a header."
+            ...,
+            metavar="METRICS",
+            help="Metric log: JSON Lines, CSV, a TensorBoard event file or run folder, a Hugging "
+            "Face trainer_state.json (or its checkpoint folder), or a W&B chart's Export CSV.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
         follow: bool = typer.Option(

@@ -17,7 +17,17 @@ from trainguard.config.schema import Recipe
 from trainguard.errors import ConfigError
 
 # Keys that may differ between the recipe a run was started with and the one it resumes with.
-RESUMABLE_KEYS = frozenset({"train.max_steps"})
+# Keys a run dir may be resumed with changed: the step budget, and where the metrics are also
+# sent (they change no number of the run).
+RESUMABLE_KEYS = frozenset(
+    {
+        "train.max_steps",
+        "metrics.tb_dir",
+        "metrics.wandb",
+        "metrics.wandb_project",
+        "metrics.wandb_mode",
+    }
+)
 
 
 def shipped_recipes() -> list[str]:

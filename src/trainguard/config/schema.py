@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from trainguard.config.distributed import DistributedConfig
 from trainguard.evals.config import EvalsConfig
 from trainguard.guard import GuardsConfig
+from trainguard.metrics.config import MetricsConfig
 
 
 class _Section(BaseModel):
@@ -181,6 +182,8 @@ class Recipe(_Section):
     """Use-case evals defined before training, run before, during and after it."""
     prediction: PredictionConfig = Field(default_factory=PredictionConfig)
     """Where a scaling-law fit says this run's loss should land (the off-track alarm)."""
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """Where metrics and findings go besides `metrics.jsonl`: TensorBoard, W&B."""
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     """Several processes (`trainguard run --nproc N`, torchrun): timeouts, replica checks,
     stragglers, hung ranks."""

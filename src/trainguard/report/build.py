@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from trainguard.errors import BadInputError
+from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
 from trainguard.report import plots
-from trainguard.train.metrics import METRICS_FILE, read_metrics
 from trainguard.util.atomic import atomic_write_text
 
 # Columns of "evals" rows that are bookkeeping, not metrics to plot.
@@ -118,11 +118,12 @@ def render_html(info: dict[str, Any]) -> str:
     parts.append(_table(["", "value"], [[k, _fmt(v)] for k, v in _summary(info).items()]))
     if steps:
         parts.append("<h2>Training</h2>")
-        parts.append(_img(plots.loss_plot(steps, evals), "loss"))
-        parts.append(_img(plots.series_plot(steps, "grad_norm", "Gradient norm", "norm"), "grad"))
-        parts.append(
-            _img(plots.series_plot(steps, "tokens_per_s", "Throughput", "tokens/s"), "throughput")
-        )
+        marks = info["findings"]  # drawn at their steps by plots.py
+        parts.append(_img(plots.loss_plot(steps, evals, marks), "loss"))
+        grad = plots.series_plot(steps, "grad_norm", "Gradient norm", "norm", marks)
+        parts.append(_img(grad, "grad"))
+        tps = plots.series_plot(steps, "tokens_per_s", "Throughput", "tokens/s", marks)
+        parts.append(_img(tps, "throughput"))
     use_case = info["use_case"]
     # Plot the scores; "/n" columns are example counts.
     keys = sorted(

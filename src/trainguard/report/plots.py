@@ -1,4 +1,10 @@
-"""Plots for the run report, rendered to PNG bytes with matplotlib's Agg backend."""
+"""Plots for the run report, rendered to PNG bytes with matplotlib's Agg backend.
+
+Training curves show what a line cannot: a non-finite value (NaN, inf; stored as "nan"/"inf"
+strings in metrics.jsonl) is a red cross at the top edge (-inf at the bottom edge) at its step,
+and each finding with a step is a triangle on the bottom edge, coloured by severity, with a
+faint vertical line through the curve.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +17,113 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+SEVERITY_COLOURS = {"error": "#b00020", "warning": "#e69500", "info": "#0b5394"}
+# Height of each severity's row of triangles, in axes fractions: findings of several
+# severities at one step (R101 error, R206 warning, R201 info) stay visible side by side.
+_SEVERITY_ROW = {"error": 0.0, "warning": 0.06, "info": 0.12}
+
+
+def _value(y: Any) -> float | None:
+    """A logged value as a float: numbers and the "nan"/"inf" strings JSON stores them as."""
+    if isinstance(y, bool) or y is None:
+        return None
+    if isinstance(y, int | float):
+        return float(y)
+    if isinstance(y, str):
+        try:
+            return float(y)
+        except ValueError:
+            return None
+    return None
+
 
 def _finite(xs: list[Any], ys: list[Any]) -> tuple[list[float], list[float]]:
-    pairs = [
-        (float(x), float(y))
-        for x, y in zip(xs, ys, strict=True)
-        if isinstance(y, int | float) and math.isfinite(y)
-    ]
+    pairs = [(float(x), v) for x, y in zip(xs, ys, strict=True) if (v := _value(y)) is not None]
+    pairs = [(x, v) for x, v in pairs if math.isfinite(v)]
     return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _non_finite(xs: list[Any], ys: list[Any]) -> list[tuple[float, float]]:
+    """(step, value) of every NaN/inf value."""
+    out = []
+    for x, y in zip(xs, ys, strict=True):
+        v = _value(y)
+        if v is not None and not math.isfinite(v):
+            out.append((float(x), v))
+    return out
+
+
+def _mark_non_finite(ax: Any, points: list[tuple[float, float]], what: str) -> None:
+    if not points:
+        return
+    edge = ax.get_xaxis_transform()  # x in data (steps), y in axes fractions (0 bottom, 1 top)
+    ax.scatter(
+        [x for x, _ in points],
+        [0.02 if v == -math.inf else 0.97 for _, v in points],
+        transform=edge,
+        marker="X",
+        s=60,
+        color="#d62728",
+        zorder=5,
+        clip_on=False,
+        label=f"non-finite {what} ({len(points)})",
+    )
+    for x, v in points:
+        ax.annotate(
+            "NaN" if math.isnan(v) else ("inf" if v > 0 else "-inf"),
+            (x, 0.97 if v != -math.inf else 0.02),
+            xycoords=edge,
+            textcoords="offset points",
+            xytext=(5, -10 if v != -math.inf else 4),
+            fontsize=7,
+            color="#d62728",
+        )
+
+
+def _mark_findings(ax: Any, findings: list[dict[str, Any]]) -> None:
+    """A triangle per finding at its step near the bottom edge, coloured by severity."""
+    edge = ax.get_xaxis_transform()
+    by_severity: dict[str, list[float]] = {}
+    for f in findings:
+        step = _value(f.get("step"))
+        if step is None or not math.isfinite(step):
+            continue  # pre-flight findings have no step
+        by_severity.setdefault(str(f.get("severity")), []).append(step)
+    for severity in ("info", "warning", "error"):  # errors drawn last, on top
+        steps = sorted(set(by_severity.get(severity, [])))
+        if not steps:
+            continue
+        colour = SEVERITY_COLOURS[severity]
+        for x in steps:
+            ax.axvline(x, color=colour, lw=0.8, alpha=0.35, zorder=1)
+        n = len(by_severity[severity])
+        ax.scatter(
+            steps,
+            [_SEVERITY_ROW[severity]] * len(steps),
+            transform=edge,
+            marker="^",
+            s=50,
+            color=colour,
+            edgecolor="black",
+            linewidth=0.4,
+            zorder=6,
+            clip_on=False,
+            label=f"{severity} finding{'s' if n > 1 else ''} ({n})",
+        )
+
+
+def _curve(
+    ax: Any, rows: list[dict[str, Any]], key: str, findings: list[dict[str, Any]], **style: Any
+) -> None:
+    """One training curve: finite values as a line, non-finite ones and findings as marks."""
+    xs, ys = [r["step"] for r in rows], [r.get(key) for r in rows]
+    values = [_value(y) for y in ys]
+    # A non-finite value breaks the line (matplotlib leaves a gap at NaN) rather than being
+    # bridged over as if the step were fine.
+    line = [v if v is not None and math.isfinite(v) else math.nan for v in values]
+    ax.plot([float(x) for x in xs], line, **style)
+    _mark_non_finite(ax, _non_finite(xs, ys), key)
+    _mark_findings(ax, findings)
 
 
 def _png(fig: Any) -> bytes:
@@ -29,25 +134,38 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def loss_plot(steps: list[dict[str, Any]], evals: list[dict[str, Any]]) -> bytes:
+def loss_plot(
+    steps: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    findings: list[dict[str, Any]] | None = None,
+) -> bytes:
+    """Train and validation loss; every finding with a step is marked (the run's overview)."""
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    x, y = _finite([r["step"] for r in steps], [r.get("loss") for r in steps])
-    ax.plot(x, y, lw=0.8, alpha=0.8, label="train loss")
+    _curve(ax, steps, "loss", findings or [], lw=0.8, alpha=0.8, label="train loss")
     ex, ey = _finite([r["step"] for r in evals], [r.get("val_loss") for r in evals])
     if ex:
         ax.plot(ex, ey, "o-", color="C3", label="validation loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     ax.set_title("Loss")
     return _png(fig)
 
 
-def series_plot(steps: list[dict[str, Any]], key: str, title: str, ylabel: str) -> bytes:
+def series_plot(
+    steps: list[dict[str, Any]],
+    key: str,
+    title: str,
+    ylabel: str,
+    findings: list[dict[str, Any]] | None = None,
+) -> bytes:
+    """One step metric; marks the findings about it (`metric` == key)."""
     fig, ax = plt.subplots(figsize=(7, 2.8))
-    x, y = _finite([r["step"] for r in steps], [r.get(key) for r in steps])
-    ax.plot(x, y, lw=0.8, color="C2")
+    own = [f for f in findings or [] if f.get("metric") == key]
+    _curve(ax, steps, key, own, lw=0.8, color="C2")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

@@ -1,87 +1,30 @@
-"""The metric log (`RUN_DIR/metrics.jsonl`) and live progress.
+"""Live progress of a run, and the hang reports its log does not hold yet.
 
-One JSON object per line. Step rows have `"kind": "step"`; evaluation rows `"kind": "eval"`;
-findings `"kind": "finding"`; run events (start, resume, end) `"kind": "event"`.
+The metric log itself (`MetricsLog`, `read_metrics`, `METRICS_FILE`) lives in the low module
+`trainguard.metrics.jsonl`, shared with `report` and `watch`; it is re-exported here so that
+existing imports keep working.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from trainguard.findings import Finding
+from trainguard.metrics.jsonl import METRICS_FILE, MetricsLog, read_metrics
 from trainguard.monitors.watchdog import read_hang_reports
-from trainguard.util.atomic import atomic_write_text
 
-METRICS_FILE = "metrics.jsonl"
-
-
-def _json_safe(v: Any) -> Any:
-    # JSON has no NaN/Inf; keep them readable and parseable by every JSON reader.
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
-
-
-class MetricsLog:
-    """Append-only JSONL writer, flushed per row so a killed run loses at most one line."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / METRICS_FILE
-        self._file: TextIO | None = None
-
-    def truncate_after(self, step: int) -> list[dict[str, Any]]:
-        """Drop rows of steps after `step` (work a crash threw away); returns the dropped rows.
-
-        A resumed run recomputes those steps, so keeping them would log them twice; the
-        dropped step rows' batch hashes let the resumed run prove it replays the same data.
-        """
-        self.close()  # the file is replaced below; an open handle would write to the old one
-        if not self.path.exists():
-            return []
-        kept, dropped = [], []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by SIGKILL mid-write
-            if isinstance(row.get("step"), int) and row["step"] > step:
-                dropped.append(row)
-            else:
-                kept.append(line)
-        atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
-        return dropped
-
-    def write(self, row: dict[str, Any]) -> None:
-        if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
-        self._file.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+__all__ = [
+    "METRICS_FILE",
+    "MetricsLog",
+    "ProgressDisplay",
+    "read_metrics",
+    "unlogged_hang_reports",
+]
 
 
 class ProgressDisplay:

@@ -20,6 +20,7 @@ from trainguard.drills.faults import FaultPlan
 from trainguard.errors import PreflightFailed
 from trainguard.findings import Finding
 from trainguard.guard import Decision, Guard
+from trainguard.metrics.sinks import open_run_sinks
 from trainguard.model.gpt import GPT
 from trainguard.monitors.watchdog import Watchdog
 from trainguard.train import rundir
@@ -28,7 +29,7 @@ from trainguard.train.distributed import Dist, init_distributed
 from trainguard.train.envinfo import drift_findings, environment_fingerprint
 from trainguard.train.evals_hook import RunEvals
 from trainguard.train.loop import Trainer, World
-from trainguard.train.metrics import MetricsLog, ProgressDisplay, unlogged_hang_reports
+from trainguard.train.metrics import ProgressDisplay, unlogged_hang_reports
 from trainguard.train.multiproc import MultiProcessGuards
 from trainguard.train.optim import build_optimizer
 from trainguard.train.shared_store import checkpoint_root, open_store
@@ -89,7 +90,8 @@ class RunSession:
         self.faults = faults if faults is not None else FaultPlan.from_env()
         self.device = device or self.dist.device
         self.findings: list[Finding] = []
-        self.metrics = MetricsLog(self.run_dir)
+        # metrics.jsonl plus the recipe's viewers (TensorBoard, W&B): every row goes to each.
+        self.metrics = open_run_sinks(self.run_dir, recipe.metrics)
         self.env = environment_fingerprint()
         self.state = TrainerState()
         self.resumed_from: int | None = None

@@ -1,0 +1,85 @@
+"""The run's own metric log, `RUN_DIR/metrics.jsonl`: one JSON object per line.
+
+Step rows have `"kind": "step"`; evaluation rows `"kind": "eval"` (and `"evals"` for use-case
+evals); findings `"kind": "finding"`; run events (start, resume, end) `"kind": "event"`; the
+data period `"kind": "meta"`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, TextIO
+
+from trainguard.util.atomic import atomic_write_text
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def json_safe(v: Any) -> Any:
+    # JSON has no NaN/Inf; keep them readable and parseable by every JSON reader.
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+class MetricsLog:
+    """Append-only JSONL writer, flushed per row so a killed run loses at most one line.
+
+    A `MetricsSink` (see `metrics.sinks`): `run` uses it as the record every viewer is fed
+    beside; `Guard` keeps its findings in `guard.jsonl` through it.
+    """
+
+    def __init__(self, run_dir: Path, filename: str = METRICS_FILE) -> None:
+        self.path = Path(run_dir) / filename
+        self._file: TextIO | None = None
+
+    def truncate_after(self, step: int) -> list[dict[str, Any]]:
+        """Drop rows of steps after `step` (work a crash threw away); returns the dropped rows.
+
+        A resumed run recomputes those steps, so keeping them would log them twice; the
+        dropped step rows' batch hashes let the resumed run prove it replays the same data.
+        """
+        self.close()  # the file is replaced below; an open handle would write to the old one
+        if not self.path.exists():
+            return []
+        kept, dropped = [], []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by SIGKILL mid-write
+            if isinstance(row.get("step"), int) and row["step"] > step:
+                dropped.append(row)
+            else:
+                kept.append(line)
+        atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
+        return dropped
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+        line = json.dumps({k: json_safe(v) for k, v in row.items()}, default=str)
+        self._file.write(line + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Every row of RUN_DIR/metrics.jsonl; a line cut by a crash is skipped."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
