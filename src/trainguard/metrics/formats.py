@@ -22,7 +22,6 @@ from typing import Any
 
 from trainguard.errors import DataError
 from trainguard.metrics.logfile import csv_rows, follow_lines, jsonl_rows
-from trainguard.metrics.tensorboard_read import EVENT_GLOB, tensorboard_rows
 
 ACCEPTED = (
     "JSON Lines (.jsonl), CSV/TSV with a header, a TensorBoard event file or run folder, "
@@ -31,6 +30,7 @@ ACCEPTED = (
 )
 FIX = f"give one of: {ACCEPTED}"
 HF_STATE = "trainer_state.json"
+EVENT_GLOB = "events.out.tfevents*"
 # "<run> - <metric>" columns of a W&B chart export; the run name is the text before the first
 # " - " (W&B run names have no spaces unless renamed).
 _WANDB_COLUMN = re.compile(r"^(?P<run>.+?) - (?P<metric>.+)$")
@@ -69,10 +69,8 @@ def detect_format(path: Path) -> str:
     suffix = path.suffix.lower()
     head = _head_text(path)
     stripped = head.lstrip()
-    if suffix == ".json" or path.name == HF_STATE:
-        if _is_trainer_state(path):
-            return "hf_trainer_state"
-        return "jsonl"
+    if path.name == HF_STATE or (suffix == ".json" and _is_trainer_state(path)):
+        return "hf_trainer_state"  # by name: one without log_history gets the reader's error
     if suffix in (".jsonl", ".ndjson") or stripped.startswith("{"):
         return "jsonl"
     if not stripped:
@@ -98,6 +96,8 @@ def read_rows(path: str | Path) -> Iterator[dict[str, Any]]:
     path = Path(path)
     fmt = detect_format(path)
     if fmt == "tensorboard":
+        from trainguard.metrics.tensorboard_read import tensorboard_rows
+
         yield from tensorboard_rows(path)
         return
     if fmt == "hf_trainer_state":

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import DataError
+from trainguard.metrics.formats import ACCEPTED, EVENT_GLOB
 
-EVENT_GLOB = "events.out.tfevents*"
 # Names other trainers give what the reader knows under another name.
 _ALIASES = {"train/epoch": "epoch"}
 
@@ -51,7 +51,7 @@ def tensorboard_rows(path: Path) -> Iterator[dict[str, Any]]:
     except Exception as e:  # a corrupt record: the reader's own error types vary by version
         raise DataError(
             f"{path} is not a readable TensorBoard event file ({type(e).__name__}: {e})",
-            "give an events.out.tfevents.* file or the folder of one run",
+            f"give an events.out.tfevents.* file or the folder of one run; accepted: {ACCEPTED}",
         ) from None
     by_step: dict[int, dict[str, float]] = {}
     tags = acc.Tags()
@@ -68,7 +68,7 @@ def tensorboard_rows(path: Path) -> Iterator[dict[str, Any]]:
     if not by_step:
         raise DataError(
             f"{path} holds no TensorBoard scalars",
-            "give the event file of a run that logged scalars (add_scalar)",
+            f"give the event file of a run that logged scalars (add_scalar); accepted: {ACCEPTED}",
         )
     for step in sorted(by_step):
         values = by_step[step]

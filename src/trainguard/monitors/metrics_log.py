@@ -8,7 +8,7 @@ keep working.
 from __future__ import annotations
 
 from trainguard.errors import DataError
-from trainguard.metrics.formats import detect_format, follow_rows, read_rows
+from trainguard.metrics.formats import ACCEPTED, detect_format, follow_rows, read_rows
 from trainguard.metrics.logfile import STEP_KEYS, LogState, normalise
 from trainguard.monitors.monitor_set import MetricKind, infer_kind
 
@@ -60,6 +60,11 @@ def choose_metrics(keys: set[str], requested: list[str] | None) -> dict[str, Met
                 )
             out[name] = kind or infer_kind(name)  # type: ignore[assignment]
         return out
+    if not keys:
+        raise DataError(
+            "the log has no numeric values: not a metric log trainguard reads",
+            f"give one of: {ACCEPTED}",
+        )
     found = {k: v for k, v in KNOWN_METRICS.items() if k in keys}
     if not found:
         raise DataError(

@@ -67,6 +67,7 @@ def _mark_non_finite(ax: Any, points: list[tuple[float, float]], what: str) -> N
         zorder=5,
         clip_on=False,
         label=f"non-finite {what} ({len(points)})",
+        gid="non-finite",
     )
     for x, v in points:
         ax.annotate(
@@ -109,6 +110,7 @@ def _mark_findings(ax: Any, findings: list[dict[str, Any]]) -> None:
             zorder=6,
             clip_on=False,
             label=f"{severity} finding{'s' if n > 1 else ''} ({n})",
+            gid=f"findings-{severity}",
         )
 
 
@@ -139,7 +141,16 @@ def loss_plot(
     evals: list[dict[str, Any]],
     findings: list[dict[str, Any]] | None = None,
 ) -> bytes:
-    """Train and validation loss; every finding with a step is marked (the run's overview)."""
+    return _png(loss_figure(steps, evals, findings))
+
+
+def loss_figure(
+    steps: list[dict[str, Any]],
+    evals: list[dict[str, Any]],
+    findings: list[dict[str, Any]] | None = None,
+) -> Any:
+    """Train and validation loss; every finding with a step is marked (the run's overview).
+    The marks are scatter collections with gid `non-finite` and `findings-<severity>`."""
     fig, ax = plt.subplots(figsize=(7, 3.6))
     _curve(ax, steps, "loss", findings or [], lw=0.8, alpha=0.8, label="train loss")
     ex, ey = _finite([r["step"] for r in evals], [r.get("val_loss") for r in evals])
@@ -150,7 +161,7 @@ def loss_plot(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("Loss")
-    return _png(fig)
+    return fig
 
 
 def series_plot(
@@ -160,7 +171,17 @@ def series_plot(
     ylabel: str,
     findings: list[dict[str, Any]] | None = None,
 ) -> bytes:
-    """One step metric; marks the findings about it (`metric` == key)."""
+    return _png(series_figure(steps, key, title, ylabel, findings))
+
+
+def series_figure(
+    steps: list[dict[str, Any]],
+    key: str,
+    title: str,
+    ylabel: str,
+    findings: list[dict[str, Any]] | None = None,
+) -> Any:
+    """One step metric; marks its non-finite values and the findings about it (`metric`)."""
     fig, ax = plt.subplots(figsize=(7, 2.8))
     own = [f for f in findings or [] if f.get("metric") == key]
     _curve(ax, steps, key, own, lw=0.8, color="C2")
@@ -170,7 +191,7 @@ def series_plot(
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.set_title(title)
-    return _png(fig)
+    return fig
 
 
 def eval_metrics_plot(evals: list[dict[str, Any]], keys: list[str]) -> bytes:
