@@ -190,9 +190,13 @@ def test_run_writes_metrics_and_findings_to_tensorboard(faulty_run: Path) -> Non
     texts = tb_texts(faulty_run / "tb")
     assert ("R101", 5) in texts and ("R201", 5) in texts
     # ... and `watch` reads the run's TensorBoard output back to the same finding.
-    res = run_cli("watch", str(faulty_run / "tb"), "--json")
-    assert res.returncode == 1, res.stderr
-    found = {(f["code"], f["step"]) for f in json.loads(res.stdout)["findings"]}
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+
+    res = CliRunner().invoke(app, ["watch", str(faulty_run / "tb"), "--json"])
+    assert res.exit_code == 1, res.output
+    found = {(f["code"], f["step"]) for f in json.loads(res.output)["findings"]}
     assert ("R101", 5) in found
 
 
