@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def tb_scalars(folder: Path, tag: str) -> dict[int, float]:
 
 
 def tb_texts(folder: Path) -> dict[tuple[str, int], str]:
-    """{(code, step): text} of the findings/<code> text events."""
+    """{(code, step): text} of the findings/<code>[/<metric>] text events."""
     acc = accumulator(folder)
     out = {}
     for tag in acc.Tags()["tensors"]:
@@ -52,32 +53,46 @@ def tb_texts(folder: Path) -> dict[tuple[str, int], str]:
     return out
 
 
-def wandb_history(root: Path) -> list[dict[str, str]]:
-    """The history rows of the offline W&B run under `root`, from its run-<id>.wandb file: a
+def wandb_records(root: Path) -> list:
+    """The records of the offline W&B run under `root`, from its run-<id>.wandb file: a
     LevelDB-format log (7-byte header; 32 KiB blocks of crc/length/type-framed chunks) of
     wandb's own `Record` protobufs."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = root.glob("wandb/offline-run-*/run-*.wandb")
-    data, pos, block, buf, rows = path.read_bytes(), 7, 32768, b"", []
+    data, pos, block, buf, records = path.read_bytes(), 7, 32768, b"", []
     while pos + 7 <= len(data):
         if block - pos % block < 7:
             pos += block - pos % block  # block trailer padding
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):
+            break  # a record still being written
         buf += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 0:
             continue  # zero padding
         if kind in (1, 4):  # a full record, or the last chunk of one
-            record = pb.Record.FromString(buf)
+            records.append(pb.Record.FromString(buf))
             buf = b""
-            if record.WhichOneof("record_type") == "history":
-                # "a/b" keys are stored split, in nested_key
-                rows.append(
-                    {i.key or "/".join(i.nested_key): i.value_json for i in record.history.item}
-                )
-    return rows
+    return records
+
+
+def wandb_history(root: Path) -> list[dict[str, str]]:
+    """History rows of the offline run. wandb's service process writes the file behind
+    `run.finish()`, so wait (up to a generous bound) for its closing `exit` record."""
+    deadline = time.monotonic() + 60
+    records = wandb_records(root)
+    while not any(r.WhichOneof("record_type") == "exit" for r in records):
+        assert time.monotonic() < deadline, "the W&B run file never got its exit record"
+        time.sleep(0.2)
+        records = wandb_records(root)
+    return [
+        # "a/b" keys are stored split, in nested_key
+        {i.key or "/".join(i.nested_key): i.value_json for i in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
 
 
 # --- the sink interface ------------------------------------------------------------------------
@@ -170,12 +185,14 @@ def test_wandb_sink_offline(tmp_path: Path, monkeypatch) -> None:
 # --- `trainguard run` with a fault, TensorBoard (and W&B when installed) -------------------------
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory, small_corpus: Path, cache_dir: Path) -> Path:
-    """A tiny run with a NaN batch at step 5, logging to RUN/tb (and offline W&B)."""
+    """A tiny run with a NaN batch at step 5, logging to RUN/tb. (W&B goes through the same
+    fan-out; its sink is tested on its own above, sparing the suite a wandb start-up.)"""
     base = tmp_path_factory.mktemp("faulty")
     recipe = tiny_recipe_dict(small_corpus, cache_dir)
-    recipe["metrics"] = {"tb_dir": "tb", "wandb": HAVE_WANDB}
+    recipe["train"]["max_steps"] = 8  # checkpoints at 4 and 8, evaluations at 6 and 8
+    recipe["metrics"] = {"tb_dir": "tb"}
     (base / "tiny.yaml").write_text(yaml.safe_dump(recipe))
-    env = {"TRAINGUARD_INJECT": "nan@5", "WANDB_SILENT": "true"}
+    env = {"TRAINGUARD_INJECT": "nan@5"}
     res = run_cli("run", str(base / "tiny.yaml"), "--run-dir", str(base / "run"), "-q", env=env)
     assert res.returncode == 0, res.stderr
     return base / "run"
@@ -183,10 +200,10 @@ def faulty_run(tmp_path_factory, small_corpus: Path, cache_dir: Path) -> Path:
 
 def test_run_writes_metrics_and_findings_to_tensorboard(faulty_run: Path) -> None:
     loss = tb_scalars(faulty_run / "tb", "train/loss")
-    assert sorted(loss) == list(range(1, 13)) and math.isnan(loss[5])
+    assert sorted(loss) == list(range(1, 9)) and math.isnan(loss[5])
     rows = {r["step"]: r for r in read_metrics(faulty_run) if r["kind"] == "step"}
     assert loss[7] == pytest.approx(rows[7]["loss"], rel=1e-6)  # the same rows as the JSONL
-    assert sorted(tb_scalars(faulty_run / "tb", "eval/val_loss")) == [6, 12]
+    assert sorted(tb_scalars(faulty_run / "tb", "eval/val_loss")) == [6, 8]
     texts = tb_texts(faulty_run / "tb")
     assert ("R101", 5) in texts and ("R201", 5) in texts
     # ... and `watch` reads the run's TensorBoard output back to the same finding.
@@ -200,12 +217,19 @@ def test_run_writes_metrics_and_findings_to_tensorboard(faulty_run: Path) -> Non
     assert ("R101", 5) in found
 
 
-@pytest.mark.skipif(not HAVE_WANDB, reason="the wandb extra is not installed")
-def test_run_writes_to_wandb_offline(faulty_run: Path) -> None:
-    history = wandb_history(faulty_run)
-    loss = {int(r["trainguard/step"]): r["train/loss"] for r in history if "train/loss" in r}
-    assert sorted(loss) == list(range(1, 13)) and loss[5] == "NaN"
-    assert any("findings/R101" in r and r["trainguard/step"] == "5" for r in history)
+def test_run_sinks_follow_the_recipe(tmp_path: Path) -> None:
+    from trainguard.metrics.config import MetricsConfig
+    from trainguard.metrics.sinks import open_run_sinks
+    from trainguard.metrics.tensorboard_sink import TensorBoardSink
+
+    plain = open_run_sinks(tmp_path)
+    assert plain.path == tmp_path / "metrics.jsonl" and plain.viewers == []
+    fanout = open_run_sinks(tmp_path, MetricsConfig(tb_dir="tb", wandb=HAVE_WANDB))
+    kinds = [type(v).__name__ for v in fanout.viewers]
+    assert kinds == ["TensorBoardSink"] + (["WandbSink"] if HAVE_WANDB else [])
+    assert isinstance(fanout.viewers[0], TensorBoardSink)
+    assert fanout.viewers[0].log_dir == tmp_path / "tb"  # relative: inside the run dir
+    assert not (tmp_path / "tb").exists() and not (tmp_path / "wandb").exists()  # lazy
 
 
 def test_report_marks_findings_and_non_finite_values(faulty_run: Path) -> None:

@@ -28,7 +28,7 @@ def require_tensorboard(what: str) -> None:
 
 class TensorBoardSink:
     """Writes step/eval rows as scalars (`train/loss`, `eval/val_loss`, ...) and each finding
-    as a text event `findings/<code>` at its step. Flushes after every finding."""
+    as a text event `findings/<code>[/<metric>]` at its step. Flushes after every finding."""
 
     def __init__(self, log_dir: str | Path, flush_secs: int = 10) -> None:
         require_tensorboard(f"TensorBoard output to {log_dir}")
@@ -54,7 +54,10 @@ class TensorBoardSink:
         kind = row.get("kind")
         if kind == "finding":
             writer = self._open()
-            writer.add_text(f"findings/{row.get('code')}", finding_text(row), step)
+            # One tag per code and metric: R101 on the loss and on the grad norm at one step
+            # are two texts, not one shown over the other.
+            metric = f"/{row['metric']}" if row.get("metric") else ""
+            writer.add_text(f"findings/{row.get('code')}{metric}", finding_text(row), step)
             writer.flush()
             return
         scalars = scalars_of(row)
