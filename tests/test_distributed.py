@@ -13,12 +13,12 @@ import torch.distributed as dist
 from trainguard.config.load import load_recipe
 from trainguard.drills.faults import FaultPlan
 from trainguard.errors import BadInputError, ConfigError
+from trainguard.guards.hang import missing_ranks
+from trainguard.guards.replica import compare_replicas, replica_digest
 from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
 from trainguard.numerics import fp32_accumulate_hook
 from trainguard.train.distributed import DistributedConfig, init_distributed, wrap_ddp
 from trainguard.train.launch import launch_argv
-from trainguard.train.multiproc import missing_ranks
-from trainguard.train.replica import compare_replicas, replica_digest
 
 HOSTS = ["node-a", "node-a", "node-b", "node-b"]
 

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from trainguard.monitors.watchdog import EXIT_HANG, Watchdog, read_hang_reports
+from trainguard.monitors.hang_report import read_hang_reports
+from trainguard.monitors.watchdog import EXIT_HANG, Watchdog
 
 SCRIPT = textwrap.dedent(
     """

@@ -13,6 +13,8 @@ _LAZY = {
     "Guard": "trainguard.guard",
     "GuardsConfig": "trainguard.guard",
     "Decision": "trainguard.guard",
+    "DistributedGuards": "trainguard.guards.distributed",
+    "ElasticSampler": "trainguard.data.sampler",
     "Watchdog": "trainguard.monitors.watchdog",
     "Finding": "trainguard.findings",
     "run_recipe": "trainguard.train.run",

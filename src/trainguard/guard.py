@@ -1,49 +1,66 @@
 """`Guard`: the in-run detectors and their actions in any PyTorch loop.
 
-    guard = trainguard.Guard(run_dir="runs/x")
-    for step, batch in enumerate(loader):
-        loss = model(batch); loss.backward()
+    guard = trainguard.Guard(run_dir="runs/x", distributed=True)   # under torchrun
+    step = checkpointer.load_latest(state) or 0
+    sampler.set_step(step); batches = iter(loader)
+    while step < max_steps:
+        loss = model(next(batches)); loss.backward()
         decision = guard.step(step, loss=loss, model=model, optimizer=optimizer)
-        if decision.action == "apply":
-            optimizer.step()          # only after the guard saw this update
-        elif decision.action == "rollback":
-            ...                       # restore the last good checkpoint, skip decision.bad_steps
-        elif decision.action == "halt":
-            decision.raise_if_halt()
+        if decision.action == "rollback":   # restore, skip decision.bad_steps, new iterator
+            step = guard.rollback(checkpointer, state, sampler)
+            sampler.set_step(step); batches = iter(loader)
+            continue
+        decision.raise_if_halt()
+        if decision.apply:
+            optimizer.step()                # only after the guard saw this update
         optimizer.zero_grad()
+        step += 1
+        ...                                 # checkpointer.save(step, state) when due
+        guard.end_step(step - 1, model=model, optimizer=optimizer)  # may ask for a rollback too
 
-Call `guard.step` BEFORE `optimizer.step()`: a non-finite or spiking update is then never
-applied. `Guard(tensorboard_dir="runs/x/tb")` (or `sinks=[...]`, any `MetricsSink`) also sends
-each step's metrics and every finding there, as `trainguard run` does; call `guard.close()` at
-the end (or use the guard as a context manager). The action for each finding code is
-configurable (`actions={"R102": "apply"}`); the strongest action among the step's findings wins
-(halt > rollback > skip > apply).
+Steps count from 0, as the sampler and the checkpointer count them (`step` = the updates done
+before this one). Call `guard.step` BEFORE `optimizer.step()`: a non-finite or spiking update
+is then never applied. `Guard(tensorboard_dir="runs/x/tb")` (or `sinks=[...]`, any
+`MetricsSink`) also sends each step's metrics and every finding there, as `trainguard run`
+does; call `guard.close()` at the end (or use the guard as a context manager). The action for
+each finding code is configurable (`actions={"R102": "apply"}`); the strongest action among the
+step's findings wins (halt > rollback > skip > apply).
+
+`distributed=True` (or a `DistributedConfig`, or a `guards.DistributedGuards`) adds the
+multi-process guards: `guard.step` averages the metrics over the ranks so that every rank takes
+the same decision, `guard.phase(name, step)` times phases (stragglers) and turns a failed
+collective into the hung-rank diagnosis, and `guard.end_step` compares replicas (H201: a
+rollback), ranks stragglers (H202) and meets at the monitored barrier (R301: exit 3).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
 import trainguard.codes.run  # noqa: F401  (registers the R codes the guard emits)
-from trainguard.errors import ConfigError, RunHalted
+from trainguard.errors import ConfigError
 from trainguard.findings import Finding
+from trainguard.guards.decision import ACTIONS, STRENGTH, Action, Decision
+from trainguard.guards.rollback import checkpointer_findings, restore
 from trainguard.metrics.jsonl import MetricsLog
 from trainguard.metrics.sinks import MetricsFanout, MetricsSink
 from trainguard.monitors.config import MonitorsConfig
 from trainguard.monitors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
 from trainguard.monitors.rerun import classify_rerun
 
-__all__ = ["Decision", "Guard", "GuardsConfig", "classify_rerun", "grad_norm_of"]
+if TYPE_CHECKING:  # imported when a Guard is made distributed: torch.distributed, and
+    # config/ imports this module (GuardsConfig)
+    from trainguard.config.distributed import DistributedConfig
+    from trainguard.guards.distributed import DistributedGuards
 
-Action = Literal["apply", "skip", "rollback", "halt"]
-ACTIONS: tuple[str, ...] = ("apply", "skip", "rollback", "halt")
-_STRENGTH = {a: i for i, a in enumerate(ACTIONS)}
+__all__ = ["Decision", "Guard", "GuardsConfig", "classify_rerun", "grad_norm_of"]
 
 DEFAULT_ACTIONS: dict[str, Action] = {
     "R101": "skip",  # non-finite loss / grad norm
@@ -90,32 +107,6 @@ class GuardsConfig(MonitorsConfig):
         return v
 
 
-@dataclass
-class Decision:
-    """What the loop must do with this step's update, and why."""
-
-    step: int
-    action: Action = "apply"
-    findings: list[Finding] = field(default_factory=list)
-    rerun: bool = False
-    """Recompute this step from the same state and batch, then call `guard.classify_rerun`."""
-    bad_steps: list[int] = field(default_factory=list)
-    """With a rollback: the steps whose batches the replay must skip."""
-
-    @property
-    def apply(self) -> bool:
-        return self.action == "apply"
-
-    def raise_if_halt(self) -> None:
-        if self.action == "halt":
-            why = "; ".join(str(f) for f in self.findings if f.severity != "info")
-            raise RunHalted(
-                f"the guard halted the run at step {self.step}: {why}",
-                fix="read the findings above and the metrics log, then resume from the last "
-                "checkpoint with a lower learning rate or the bad batches skipped",
-            )
-
-
 def _to_float(x: Any) -> float | None:
     if x is None:
         return None
@@ -146,6 +137,7 @@ class Guard:
         data_period: float | None = None,
         tensorboard_dir: str | Path | None = None,
         sinks: list[MetricsSink] | None = None,
+        distributed: bool | DistributedConfig | DistributedGuards = False,
     ) -> None:
         """`run_dir`: findings go to `run_dir/guard.jsonl`. `tensorboard_dir`: every step's
         metrics and findings go to TensorBoard (the `tensorboard` extra); `sinks`: to any
@@ -170,6 +162,26 @@ class Guard:
         self.skipped = 0
         self.recent_bad: deque[int] = deque()
         self.history: list[dict[str, Any]] = []  # actions taken: auditable skip/rollback record
+        self.pending_rollback: Decision | None = None  # what `rollback()` acts on
+        self.distributed = self._distributed_part(distributed)
+
+    def _distributed_part(
+        self, distributed: bool | DistributedConfig | DistributedGuards
+    ) -> DistributedGuards | None:
+        if distributed is False:
+            return None
+        from trainguard.config.distributed import DistributedConfig
+        from trainguard.guards.distributed import DistributedGuards
+
+        if isinstance(distributed, DistributedGuards):
+            return distributed  # built by the caller (trainguard run does)
+        config = distributed if isinstance(distributed, DistributedConfig) else None
+        return DistributedGuards(
+            config,
+            run_dir=self.run_dir,
+            max_rollbacks=self.config.max_rollbacks,
+            on_hang=lambda f: self._log_findings([f]),
+        )
 
     # --- the per-step call -------------------------------------------------------------------
     def step(
@@ -200,6 +212,8 @@ class Guard:
         }
         for k, v in metrics.items():
             values[k] = _to_float(v)
+        if self.distributed is not None:
+            values = self.distributed.agree(step, values)  # the same decision on every rank
         found = self.monitors.update(step, values)
         decision = self._decide(step, found) if found else Decision(step)
         if decision.action != "apply" and optimizer is not None:
@@ -212,7 +226,7 @@ class Guard:
         action: Action = "apply"
         for f in found:
             a = self.actions.get(f.code, "apply")
-            if _STRENGTH[a] > _STRENGTH[action]:
+            if STRENGTH[a] > STRENGTH[action]:
                 action = a
         d = Decision(step, action, list(found))
         d.rerun = action != "apply" and any(f.code in c.rerun_on for f in found)
@@ -231,7 +245,7 @@ class Guard:
                 )
             )
             a = self.actions.get("R204", "rollback")
-            if _STRENGTH[a] > _STRENGTH[action]:
+            if STRENGTH[a] > STRENGTH[action]:
                 action = a
         if action == "rollback" and self.rollbacks >= c.max_rollbacks:
             action = "halt"
@@ -253,6 +267,7 @@ class Guard:
             self.rollbacks += 1
             bad = sorted({*self.recent_bad, step, *self._divergent_steps(found, step)})
             d.bad_steps = bad
+            self.pending_rollback = d
             self.recent_bad.clear()
             d.findings.append(
                 Finding.of(
@@ -285,13 +300,59 @@ class Guard:
                 return list(range(int(f.data["since_step"]), step + 1))
         return []
 
+    # --- the multi-process guards ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def phase(self, name: str, step: int) -> Iterator[None]:
+        """Mark a phase of the step (data, forward, backward, optimizer) for the straggler
+        timings; a collective that fails inside names the hung ranks and exits 3. Without
+        the distributed part: nothing."""
+        if self.distributed is None:
+            yield
+            return
+        with self.distributed.phase(name, step):
+            yield
+
+    def end_step(
+        self, step: int, model: Any = None, optimizer: Any = None, *, checkpoint_due: bool = False
+    ) -> Decision:
+        """After the update of step `step`, on every rank: the replica check every K steps and
+        when `checkpoint_due` (call it before saving: a corrupt replica is never saved), the
+        straggler ranking, the monitored barrier. H201 asks for a rollback (no batches to skip:
+        the data is not at fault), or a halt after more than `max_rollbacks` of them; H202 is
+        reported. A hung rank never returns here: the ranks write hang reports and exit 3."""
+        if self.distributed is None:
+            return Decision(step)
+        d = self.distributed.end_step(step, model, optimizer, checkpoint_due=checkpoint_due)
+        if d.action == "rollback":
+            self.pending_rollback = d
+        if d.action != "apply":
+            self.history.append({"step": step, "action": d.action, "bad_steps": []})
+        self._log_findings(d.findings)
+        return d
+
+    def rollback(self, checkpointer: Any, state: dict[str, Any], sampler: Any) -> int:
+        """Act on a rollback decision: restore the last verified checkpoint into `state`
+        through `checkpointer.load_latest`, make `sampler` skip the samples of the decision's
+        bad steps (recorded in its state), keep this guard's counters and the sampler's earlier
+        skips across the restore. Returns the step to continue from; then `sampler.set_step`
+        it and build a new iterator. Raises RunHalted when there is no checkpoint."""
+        decision = self.pending_rollback
+        self.pending_rollback = None
+        at = decision.step if decision is not None else -1
+        bad = decision.bad_steps if decision is not None else []
+        step, event = restore(self, checkpointer, state, sampler, bad, at)
+        if self._findings_log is not None:  # the auditable record of what was skipped
+            self._findings_log.write({"kind": "event", "step": at, **event})
+        self._log_findings(checkpointer_findings(checkpointer))
+        return step
+
     # --- rerun to classify ---------------------------------------------------------------------
     def classify_rerun(self, first: Any, second: Any, step: int | None = None) -> Finding:
         return classify_rerun(first, second, rtol=self.config.rerun_rtol, step=step)
 
     # --- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "version": 1,
             "monitors": self.monitors.state_dict(),
             "rollbacks": self.rollbacks,
@@ -299,6 +360,9 @@ class Guard:
             "recent_bad": list(self.recent_bad),
             "history": list(self.history),
         }
+        if self.distributed is not None:  # straggler windows, replica rollback count
+            state["distributed"] = self.distributed.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: restore the windows and the action counters."""
@@ -307,6 +371,8 @@ class Guard:
         self.skipped = int(state.get("skipped", 0))
         self.recent_bad = deque(int(s) for s in state.get("recent_bad", []))
         self.history = list(state.get("history", []))
+        if self.distributed is not None and "distributed" in state:
+            self.distributed.load_state_dict(state["distributed"])
 
     def after_rollback(self, checkpoint_state: dict[str, Any] | None) -> None:
         """The loop restored a checkpoint: take its monitor windows, keep the action counters.
@@ -329,21 +395,27 @@ class Guard:
         return None
 
     def _log(self, step: int, values: dict[str, float | None], decision: Decision) -> None:
-        findings = [{"kind": "finding", **f.to_dict()} for f in decision.findings]
-        if self._findings_log is not None:
-            for row in findings:
-                self._findings_log.write(row)
+        self._log_findings(decision.findings)
         if self.sinks.viewers:
-            for row in findings:
-                self.sinks.write(row)
             metrics = {k: v for k, v in values.items() if v is not None}
             self.sinks.write({"kind": "step", "step": step, **metrics, "action": decision.action})
 
+    def _log_findings(self, findings: list[Finding]) -> None:
+        """Findings to guard.jsonl and to every sink."""
+        for row in ({"kind": "finding", **f.to_dict()} for f in findings):
+            if self._findings_log is not None:
+                self._findings_log.write(row)
+            if self.sinks.viewers:
+                self.sinks.write(row)
+
     def close(self) -> None:
-        """Flush and close guard.jsonl and the metric sinks."""
+        """Flush and close guard.jsonl and the metric sinks; disarm the distributed part's
+        SIGTERM stack dump."""
         if self._findings_log is not None:
             self._findings_log.close()
         self.sinks.close()
+        if self.distributed is not None:
+            self.distributed.close()
 
     def __enter__(self) -> Guard:
         return self

@@ -1,4 +1,5 @@
-"""Multi-process codes: replicas (H201), stragglers (H202), hung ranks (R301). Never renumber."""
+"""Multi-process codes: replicas (H201, H203), stragglers (H202), hung ranks (R301). Never
+renumber."""
 
 from trainguard.codes import Code, register
 
@@ -9,8 +10,9 @@ register(
         severity="error",
         catches="Every `distributed.replica_check_interval` steps, and before every checkpoint, "
         "all ranks hash their parameters (xxhash of the raw bytes; optionally the optimizer "
-        "state) and gather the hashes. A rank whose hash differs from the majority is named "
-        "with its host. With two ranks there is no majority: both are named as suspects.",
+        "state) and gather the hashes. Among ranks that hold the same parameters (DDP: all; "
+        "HSDP: the ranks holding one shard) a rank whose hash differs from the majority is "
+        "named with its host. With two ranks there is no majority: both are named as suspects.",
         why="Data-parallel replicas must hold bitwise the same weights: they start equal and "
         "apply the same averaged gradients. A difference means silent data corruption (a bad "
         "chip or memory) or a bug that desynchronised one rank; the run goes on without any "
@@ -44,6 +46,22 @@ register(
         "batch, a rank that also writes checkpoints or logs). On GPUs the busy time of the "
         "Python thread is not the device time; the scores there say less.",
         references=("Megatron-LM straggler detector", "Wu et al. 2024, FALCON: stragglers"),
+    ),
+    Code(
+        code="H203",
+        title="No replicas to compare: the model is fully sharded",
+        severity="info",
+        catches="The replica check (H201) found no two ranks that hold the same parameters: "
+        "every parameter is a DTensor sharded over every rank (plain FSDP2 `fully_shard` on a "
+        "1-D mesh). Said once per run, at the first check.",
+        why="A replica comparison needs replicas. Fully sharded training keeps one copy of "
+        "each shard, so a corrupted shard cannot be told from a healthy one by comparison, and "
+        "the check would otherwise pass silently while checking nothing.",
+        fix="Nothing to fix: know that silent corruption is not checked for this model. HSDP "
+        "(`fully_shard` on a 2-D (replicate, shard) mesh) or DDP keep replicas, and the check "
+        "compares them.",
+        false_positives="None known.",
+        references=("PyTorch FSDP2 `fully_shard` and HSDP (2-D device mesh)",),
     ),
     Code(
         code="R301",

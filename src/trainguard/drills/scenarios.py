@@ -190,7 +190,7 @@ def corrupt_checkpoint(ctx: DrillContext) -> DrillRow:
 
 @drill("hang", "hang in the forward pass")
 def hang(ctx: DrillContext) -> DrillRow:
-    from trainguard.monitors.watchdog import read_hang_reports
+    from trainguard.monitors.hang_report import read_hang_reports
 
     step = ctx.plan.fault_step + ctx.plan.interval // 2
     row = relaunch_drill(ctx, "hang", f"hang@{step}", ["R210"], ("C150",), exit_status=3)

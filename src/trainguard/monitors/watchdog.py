@@ -25,22 +25,25 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import json
 import os
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import trainguard.codes.run  # noqa: F401  (registers R210)
 from trainguard.findings import Finding
+from trainguard.monitors.hang_report import (
+    EXIT_HANG,
+    main_thread_frame,
+    report_path,
+    write_hang_report,
+)
 
-EXIT_HANG = 3
+__all__ = ["EXIT_HANG", "PHASES", "Watchdog"]
 # "startup" until the first heartbeat, "loop" between phases after it; the rest are set by the loop.
 PHASES = (
     "startup",
@@ -93,7 +96,6 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._backstop_file: Any = None
-        self._main_ident = threading.main_thread().ident
 
     @classmethod
     def from_config(cls, run_dir: str | Path, config: Any, **kw: Any) -> Watchdog:
@@ -198,34 +200,9 @@ class Watchdog:
     def fire(self, elapsed: float, timeout: float) -> Finding:
         """Dump every thread's stack, write the R210 finding, exit (unless exit_process=False)."""
         self._disarm_backstop()  # the Python path got here: the backstop is not needed
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-        suffix = f"-rank{self.rank}" if self.rank is not None else ""
-        txt = self.run_dir / f"hang-{stamp}{suffix}.txt"
+        txt = report_path(self.run_dir, self.rank)
         phase, step = self.current_phase, self.last_step
-        frames = sys._current_frames()
-        names = {t.ident: t.name for t in threading.enumerate()}
-        stuck_at = ""
-        main = frames.get(self._main_ident)
-        if main is not None:
-            fs = traceback.extract_stack(main)[-1]
-            stuck_at = f"{fs.filename}:{fs.lineno} in {fs.name}"
-        with open(txt, "w", encoding="utf-8") as fh:
-            fh.write(
-                f"trainguard hang watchdog: no heartbeat for {elapsed:.1f}s "
-                f"(timeout {timeout:.1f}s)\npid {os.getpid()} rank {self.rank} "
-                f"last completed step {step} phase {phase}\nstuck at {stuck_at}\n\n"
-            )
-            for ident, frame in frames.items():
-                if self._thread is not None and ident == self._thread.ident:
-                    continue  # the watchdog itself
-                fh.write(f"--- thread {names.get(ident, '?')} ({ident}) ---\n")
-                fh.write("".join(traceback.format_stack(frame)))
-                fh.write("\n")
-            fh.write("--- faulthandler (all threads) ---\n")
-            fh.flush()
-            faulthandler.dump_traceback(file=fh, all_threads=True)
-            fh.flush()
-            os.fsync(fh.fileno())
+        stuck_at = main_thread_frame()
         finding = Finding.of(
             "R210",
             f"no heartbeat for {elapsed:.1f}s (timeout {timeout:.1f}s) after step {step}: "
@@ -243,7 +220,13 @@ class Watchdog:
                 "exit_status": self.exit_status,
             },
         )
-        txt.with_suffix(".json").write_text(json.dumps(finding.to_dict(), indent=2) + "\n")
+        header = (
+            f"trainguard hang watchdog: no heartbeat for {elapsed:.1f}s "
+            f"(timeout {timeout:.1f}s)\npid {os.getpid()} rank {self.rank} "
+            f"last completed step {step} phase {phase}\nstuck at {stuck_at}"
+        )
+        watchdog_thread = self._thread.ident if self._thread is not None else None
+        write_hang_report(txt, header, finding, skip_thread=watchdog_thread)
         self.fired = finding
         if self.on_timeout is not None:
             with contextlib.suppress(Exception):
@@ -253,12 +236,3 @@ class Watchdog:
             sys.stderr.flush()
             os._exit(self.exit_status)
         return finding
-
-
-def read_hang_reports(run_dir: str | Path) -> list[Finding]:
-    """The R210 findings of earlier hangs in `run_dir` (auto-resume logs them), oldest first."""
-    out = []
-    for path in sorted(Path(run_dir).glob("hang-*.json")):
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            out.append(Finding.from_dict(json.loads(path.read_text(encoding="utf-8"))))
-    return out

@@ -10,9 +10,10 @@ Two groups:
   is long while the run warms up (data preparation, the first step) and becomes
   `collective_timeout_s` after `warmup_steps` steps, so a hung rank is noticed in seconds
   rather than the backend's default 30 minutes;
-- a gloo "monitor" group with a long timeout carries trainguard's own traffic: monitored
-  barriers (the only collective that names the ranks that did not arrive), the resume step,
-  replica hashes and straggler timings. It never waits on the GPU.
+- a gloo "monitor" group with a long timeout (`guards.group.MonitorGroup`) carries
+  trainguard's own traffic: monitored barriers (the only collective that names the ranks that
+  did not arrive), the resume step, replica hashes and straggler timings. It never waits on the
+  GPU.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch.distributed as dist
 
 from trainguard.config.distributed import DistributedConfig
 from trainguard.errors import ConfigError
+from trainguard.guards.group import MonitorGroup
 
 if TYPE_CHECKING:  # config/schema.py imports this module; the loop imports the schema
     from trainguard.train.loop import World
@@ -56,52 +58,33 @@ class Dist:
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = "none"
-    hosts: list[str] = field(default_factory=lambda: [socket.gethostname()])
-    monitor: Any = None  # the gloo monitor group
-    short_timeouts: bool = False
+    group: MonitorGroup | None = None  # the gloo monitor group; None with one process
 
     @property
     def active(self) -> bool:
         return self.world.size > 1
 
     @property
+    def hosts(self) -> list[str]:
+        return self.group.hosts if self.group is not None else [socket.gethostname()]
+
+    @property
     def host(self) -> str:
         return self.hosts[self.world.rank]
-
-    def where(self, rank: int) -> str:
-        return f"rank {rank} ({self.hosts[rank] if rank < len(self.hosts) else '?'})"
 
     # -- trainguard's own collectives, on the gloo monitor group ---------------------------------
     def barrier(self, timeout_s: float | None = None, wait_all_ranks: bool = True) -> None:
         """A monitored barrier: raises naming the ranks that did not arrive within the timeout."""
-        if not self.active:
-            return
-        timeout = _td(timeout_s if timeout_s is not None else self.config.sync_timeout_s)
-        dist.monitored_barrier(self.monitor, timeout=timeout, wait_all_ranks=wait_all_ranks)
+        if self.group is not None:
+            self.group.barrier(timeout_s, wait_all_ranks)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        if not self.active:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=src, group=self.monitor)
-        return box[0]
+        return self.group.broadcast_object(obj, src) if self.group is not None else obj
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        if not self.active:
-            return [obj]
-        out: list[Any] = [None] * self.world.size
-        dist.all_gather_object(out, obj, group=self.monitor)
-        return out
+        return self.group.all_gather_object(obj) if self.group is not None else [obj]
 
     # -- the gradient group ----------------------------------------------------------------------
-    def after_warmup(self) -> None:
-        """Shorten the default group's timeout: from now on a missing rank is noticed quickly."""
-        if self.active and not self.short_timeouts:
-            from torch.distributed.distributed_c10d import _set_pg_timeout
-
-            _set_pg_timeout(_td(self.config.collective_timeout_s), None)
-            self.short_timeouts = True
-
     def wrap(self, model: torch.nn.Module, precision: str) -> torch.nn.Module | None:
         """The DDP wrapper (None for one process). bf16: gradients reduced with fp32 sums."""
         if not self.active:
@@ -161,14 +144,11 @@ def init_distributed(
         dist.init_process_group(
             backend, rank=rank, world_size=size, timeout=_td(config.init_timeout_s)
         )
-    monitor = dist.new_group(backend="gloo", timeout=_td(config.sync_timeout_s))
-    d = Dist(
+    return Dist(
         world=_world(rank, size),
         config=config,
         local_rank=local_rank,
         device=device,
         backend=backend,
-        monitor=monitor,
+        group=MonitorGroup.create(config.sync_timeout_s),
     )
-    d.hosts = d.all_gather_object(socket.gethostname())
-    return d

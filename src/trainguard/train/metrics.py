@@ -16,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from trainguard.findings import Finding
 from trainguard.metrics.jsonl import METRICS_FILE, MetricsLog, read_metrics
-from trainguard.monitors.watchdog import read_hang_reports
+from trainguard.monitors.hang_report import read_hang_reports
 
 __all__ = [
     "METRICS_FILE",

@@ -221,7 +221,9 @@ class RunSession:
         r = self.recipe
         # One epoch of the data order, in steps: the period a poor shuffle would show.
         data_period = self.trainer.order.num_samples / self.trainer.global_batch
-        self.guard = Guard(config=r.guards, data_period=data_period)
+        # The guard owns the multi-process part, so that its state (straggler windows, replica
+        # rollback count) is saved in checkpoints and survives rollbacks.
+        self.guard = Guard(config=r.guards, data_period=data_period, distributed=self.multi.part)
         if self.state.guard:
             self.guard.load_state_dict(self.state.guard)
         if self.is_main:  # lets `trainguard watch` match a wave to the epoch length

@@ -1,0 +1,43 @@
+"""What the loop must do with a step's update: `Decision` and its actions.
+
+The actions in order of strength: apply < skip < rollback < halt; among a step's findings the
+strongest action wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainguard.errors import RunHalted
+from trainguard.findings import Finding
+
+Action = Literal["apply", "skip", "rollback", "halt"]
+ACTIONS: tuple[str, ...] = ("apply", "skip", "rollback", "halt")
+STRENGTH = {a: i for i, a in enumerate(ACTIONS)}
+
+
+@dataclass
+class Decision:
+    """What the loop must do with this step's update, and why."""
+
+    step: int
+    action: Action = "apply"
+    findings: list[Finding] = field(default_factory=list)
+    rerun: bool = False
+    """Recompute this step from the same state and batch, then call `guard.classify_rerun`."""
+    bad_steps: list[int] = field(default_factory=list)
+    """With a rollback: the steps whose batches the replay must skip."""
+
+    @property
+    def apply(self) -> bool:
+        return self.action == "apply"
+
+    def raise_if_halt(self) -> None:
+        if self.action == "halt":
+            why = "; ".join(str(f) for f in self.findings if f.severity != "info")
+            raise RunHalted(
+                f"the guard halted the run at step {self.step}: {why}",
+                fix="read the findings above and the metrics log, then resume from the last "
+                "checkpoint with a lower learning rate or the bad batches skipped",
+            )

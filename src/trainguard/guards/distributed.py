@@ -1,0 +1,319 @@
+"""`DistributedGuards`: replica hashes (H201), stragglers (H202) and hung ranks (R301) for any
+torchrun loop. `Guard(..., distributed=True)` owns one; `trainguard run` uses the same part.
+
+Per step, in a data-parallel loop (every rank makes the same calls):
+
+    with part.phase("forward", step): ...       # phase timings; a failed collective inside
+    with part.phase("backward", step): ...      # becomes the hung-rank diagnosis
+    optimizer.step()
+    found = part.after_update(step, model, optimizer, checkpoint_due=...)   # H201 when due
+    found += part.after_step(step)              # H202 every K steps; the monitored barrier
+
+With one process every call is a no-op. Hung ranks: after `warmup_steps` steps the default
+group's timeout becomes `collective_timeout_s`; a collective that fails (a rank did not come)
+sends every surviving rank into a monitored barrier on the gloo monitor group that names the
+ranks that did not arrive within `hang_timeout_s`; each survivor writes a hang report (its
+stacks and the R301 finding) and exits with status 3 for the launcher to restart the job. A
+rank stuck outside any collective is caught by the monitored barrier at every step boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import torch
+
+import trainguard.codes.distributed  # noqa: F401  (registers H201, H202, H203, R301)
+import trainguard.codes.run  # noqa: F401  (registers R203)
+from trainguard.config.distributed import DistributedConfig
+from trainguard.findings import Finding
+from trainguard.guards.decision import Decision
+from trainguard.guards.group import MonitorGroup, shorten_default_timeout
+from trainguard.guards.hang import hung_rank_finding
+from trainguard.guards.replica import (
+    compare_replicas,
+    merge_sets,
+    no_replicas_finding,
+    replica_digest,
+    replica_sets,
+)
+from trainguard.monitors.hang_report import (
+    EXIT_HANG,
+    SigtermStackDump,
+    report_path,
+    write_hang_report,
+)
+from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
+
+T = TypeVar("T")
+STATE_VERSION = 1
+
+
+class DistributedGuards:
+    """The multi-process guards of one rank. Construct it on every rank after
+    `init_process_group` (it creates the gloo monitor group, a collective)."""
+
+    def __init__(
+        self,
+        config: DistributedConfig | None = None,
+        *,
+        run_dir: str | Path | None = None,
+        max_rollbacks: int = 3,
+        group: MonitorGroup | None = None,
+        on_hang: Callable[[Finding], None] | None = None,
+        agree_metrics: bool = True,
+    ) -> None:
+        self.config = config or DistributedConfig()
+        # Hang reports go to the run dir; a loop without one gets them in the working directory.
+        self.run_dir = Path(run_dir) if run_dir is not None else Path.cwd()
+        self.max_rollbacks = max_rollbacks
+        self.group = group if group is not None else MonitorGroup.create(self.config.sync_timeout_s)
+        self.on_hang = on_hang
+        self.agree_metrics = agree_metrics
+        self.timer = PhaseTimer()
+        self.stragglers = StragglerMonitor(
+            self.config.straggler_threshold, self.config.straggler_history
+        )
+        self.replica_rollbacks = 0
+        self.steps_run = 0  # by this process: warm-up counts from the (re)start
+        self.phase_name = "startup"
+        self.last_timings: list[dict[str, float]] | None = None
+        self._phases_marked = False
+        self._told_no_replicas = False
+        self._sigterm = SigtermStackDump(self.run_dir, self.rank) if self.active else None
+
+    @property
+    def active(self) -> bool:
+        return self.group is not None and self.group.size > 1
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank if self.group is not None else 0
+
+    @property
+    def warm(self) -> bool:
+        return self.steps_run >= self.config.warmup_steps
+
+    @property
+    def replica_limit_reached(self) -> bool:
+        """More replica rollbacks than `max_rollbacks`: the loop must halt."""
+        return self.replica_rollbacks > self.max_rollbacks
+
+    # -- start and stop ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Arm the SIGTERM stack dump: when the launcher tears the job down after a failure,
+        the ranks it stops (the hung one among them) write their stacks first."""
+        if self._sigterm is not None:
+            self._sigterm.arm()
+
+    def close(self) -> None:
+        if self._sigterm is not None:
+            self._sigterm.disarm()
+
+    # -- phases --------------------------------------------------------------------------------
+    def mark(self, phase: str) -> None:
+        """The loop enters `phase` (data, forward, backward, optimizer; others pause the timer)."""
+        self.phase_name = phase
+        if self.active:
+            self._phases_marked = True
+            self.timer.mark(phase)
+
+    @contextlib.contextmanager
+    def phase(self, name: str, step: int) -> Iterator[None]:
+        """Time `name` for the straggler check; a collective that fails inside (a timeout, a
+        lost peer) becomes the hung-rank diagnosis."""
+        self.mark(name)
+        try:
+            yield
+        except RuntimeError as e:  # gloo/nccl timeouts and lost peers are RuntimeErrors
+            if not self.active:
+                raise
+            self.diagnose(step, e)
+
+    def guarded(self, step: int, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)`, whose collectives may fail (timeout, dead peer): then a diagnosis."""
+        if not self.active:
+            return fn(*args)
+        try:
+            return fn(*args)
+        except RuntimeError as e:
+            self.diagnose(step, e)
+
+    # -- per step ------------------------------------------------------------------------------
+    def agree(self, step: int, values: dict[str, float | None]) -> dict[str, float | None]:
+        """The metrics every rank's guard decides on: each value averaged over the ranks (a
+        rank's local loss differs from the others'; a NaN anywhere stays NaN), so that no two
+        ranks take different actions. A collective; a no-op with `agree_metrics=False` (a loop
+        that reduces its metrics itself, like `trainguard run`)."""
+        if not self.active or not self.agree_metrics:
+            return values
+        assert self.group is not None
+        gathered = self.guarded(step, self.group.all_gather_object, values)
+        out: dict[str, float | None] = {}
+        for key in values:
+            seen = [g.get(key) for g in gathered]
+            out[key] = None if any(v is None for v in seen) else sum(seen) / len(seen)
+        return out
+
+    def after_update(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: Any = None,
+        *,
+        checkpoint_due: bool = False,
+    ) -> list[Finding]:
+        """After the update: the replica check every `replica_check_interval` steps and before
+        every checkpoint (so that no corrupt state is saved). A collective. H201 counts one
+        replica rollback; past `max_rollbacks`, `replica_limit_reached` is true."""
+        if not self.active:
+            return []
+        self.timer.end_step()
+        k = self.config.replica_check_interval
+        if k == 0 or not (step % k == 0 or checkpoint_due):
+            return []
+        found = self.guarded(step, self.check_replicas, step, model, optimizer)
+        if any(f.code == "H201" for f in found):
+            self.replica_rollbacks += 1
+        return found
+
+    def check_replicas(
+        self, step: int, model: torch.nn.Module, optimizer: Any = None
+    ) -> list[Finding]:
+        """Hash this rank's replica, gather every rank's hash and replica sets, compare each
+        set. A collective: every rank calls it at the same step and gets the same findings."""
+        assert self.group is not None
+        include = optimizer if self.config.replica_check_optimizer else None
+        mine = (replica_digest(model, include), replica_sets(model, self.group.size))
+        gathered = self.group.all_gather_object(mine)
+        digests = [str(d) for d, _ in gathered]
+        sets = [s for s in merge_sets([s for _, s in gathered]) if len(s) > 1]
+        if not sets:
+            if self._told_no_replicas:
+                return []
+            self._told_no_replicas = True
+            return [no_replicas_finding(step, self.group.size)]
+        found: list[Finding] = []
+        for ranks in sets:
+            found += compare_replicas([digests[r] for r in ranks], self.group.hosts, step, ranks)
+        return found
+
+    def after_step(self, step: int) -> list[Finding]:
+        """At the step boundary: warm-up, straggler scores every `straggler_interval` steps
+        (the gathered timings are kept in `last_timings`), the monitored barrier."""
+        self.last_timings = None
+        if not self.active:
+            return []
+        self.steps_run += 1
+        if self.steps_run == self.config.warmup_steps:
+            shorten_default_timeout(self.config.collective_timeout_s)
+        found: list[Finding] = []
+        k = self.config.straggler_interval
+        if k and step % k == 0:
+            assert self.group is not None
+            timing = self.timer.take()
+            self.last_timings = self.guarded(step, self.group.all_gather_object, timing)
+            found = self.stragglers.update(step, self.last_timings, self.group.hosts)
+        if self.warm and self.config.step_barrier:
+            self.barrier(step, self.config.hang_timeout_s)
+        if not self._phases_marked:
+            # A loop that marks no phases: the whole next step counts as busy time.
+            self.timer.mark("forward")
+        return found
+
+    def end_step(
+        self,
+        step: int,
+        model: torch.nn.Module | None,
+        optimizer: Any = None,
+        *,
+        checkpoint_due: bool = False,
+    ) -> Decision:
+        """`after_update` and `after_step` as one decision: H201 asks for a rollback (no
+        batches to skip: the data is not at fault), or a halt (R203) once the replica rollbacks
+        exceed `max_rollbacks`; H202 is reported and the update stands."""
+        found = (
+            []
+            if model is None
+            else self.after_update(step, model, optimizer, checkpoint_due=checkpoint_due)
+        )
+        found += self.after_step(step)
+        d = Decision(step, "apply", found)
+        if not any(f.code == "H201" for f in found):
+            return d
+        if not self.replica_limit_reached:
+            d.action = "rollback"
+            return d
+        d.action = "halt"
+        d.findings.append(
+            Finding.of(
+                "R203",
+                f"replicas diverged {self.replica_rollbacks} times "
+                f"(max_rollbacks={self.max_rollbacks}): the same fault keeps coming back",
+                step=step,
+                data={"replica_rollbacks": self.replica_rollbacks},
+            )
+        )
+        return d
+
+    def sync(self, step: int) -> None:
+        """Wait for every rank with the long timeout (after a checkpoint save or evaluation)."""
+        if self.active:
+            self.phase_name = "sync"
+            self.barrier(step, self.config.sync_timeout_s)
+
+    def barrier(self, step: int, timeout_s: float) -> None:
+        assert self.group is not None
+        try:
+            self.group.barrier(timeout_s)
+        except RuntimeError as e:
+            self.diagnose(step, e, barrier_error=e)
+
+    # -- the hung-rank diagnosis ---------------------------------------------------------------
+    def diagnose(
+        self, step: int, cause: BaseException, barrier_error: BaseException | None = None
+    ) -> NoReturn:
+        """Name the ranks that did not arrive, dump this process's stacks, exit for a restart.
+
+        If every rank does reach the diagnosis barrier, nobody hung: the failure was an
+        ordinary error, and it is raised as such."""
+        group = self.group
+        assert group is not None
+        phase = self.phase_name
+        if barrier_error is None:
+            try:
+                group.barrier(self.config.hang_timeout_s, wait_all_ranks=True)
+            except RuntimeError as e:
+                barrier_error = e
+            else:
+                raise cause
+        txt = report_path(self.run_dir, group.rank)
+        finding = hung_rank_finding(
+            step, phase, cause, barrier_error, group, self.config.hang_timeout_s, txt.name
+        )
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        header = f"trainguard R301 on rank {group.rank} (pid {os.getpid()}): {finding.message}"
+        write_hang_report(txt, header, finding)
+        if self.on_hang is not None:
+            self.on_hang(finding)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_HANG)  # the launcher restarts the job; auto-resume takes it from there
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The straggler windows and the replica rollback count (same on every rank)."""
+        return {
+            "version": STATE_VERSION,
+            "stragglers": self.stragglers.state_dict(),
+            "replica_rollbacks": self.replica_rollbacks,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stragglers.load_state_dict(state.get("stragglers", {}))
+        self.replica_rollbacks = int(state.get("replica_rollbacks", 0))

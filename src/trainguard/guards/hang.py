@@ -1,0 +1,58 @@
+"""The hung-rank finding (R301): who did not arrive at the monitored barrier, from its error.
+
+gloo's monitored barrier fails on rank 0 with "Ranks 1, 3 failed to pass monitoredBarrier in
+2000 ms": only rank 0 learns who is missing; every other rank learns that rank 0 did not answer.
+"""
+
+from __future__ import annotations
+
+import re
+
+import trainguard.codes.distributed  # noqa: F401  (registers R301)
+from trainguard.findings import Finding
+from trainguard.guards.group import MonitorGroup
+from trainguard.monitors.hang_report import EXIT_HANG
+
+_MISSING = re.compile(r"Ranks? ([\d,\s]+?) failed to pass monitoredBarrier")
+
+
+def missing_ranks(message: str) -> list[int]:
+    """The ranks a failed monitored barrier named (rank 0's view); [] if it named none."""
+    m = _MISSING.search(message)
+    return sorted({int(x) for x in re.findall(r"\d+", m.group(1))}) if m else []
+
+
+def hung_rank_finding(
+    step: int,
+    phase: str,
+    cause: BaseException,
+    barrier_error: BaseException,
+    group: MonitorGroup,
+    hang_timeout_s: float,
+    stack_file: str,
+) -> Finding:
+    """R301 naming the ranks (and hosts) the failed barrier named, as this rank saw it."""
+    missing = missing_ranks(str(barrier_error))
+    if missing:
+        who = ", ".join(group.where(r) for r in missing)
+        message = f"{who} did not arrive within {hang_timeout_s:g}s"
+    else:
+        first = str(barrier_error).splitlines()[0] if str(barrier_error) else ""
+        message = f"the monitored barrier failed on {group.where(group.rank)}: {first}"
+    why = str(cause).splitlines()[0][:300] if str(cause) else type(cause).__name__
+    hosts = [group.hosts[r] for r in missing if r < len(group.hosts)]
+    return Finding.of(
+        "R301",
+        f"hung rank at step {step} (phase {phase!r}): {message}; cause: {why}",
+        step=step,
+        rank=missing[0] if len(missing) == 1 else None,
+        where=", ".join(hosts) or None,
+        data={
+            "missing_ranks": missing,
+            "missing_hosts": hosts,
+            "reporting_rank": group.rank,
+            "phase": phase,
+            "stack_file": stack_file,
+            "exit_status": EXIT_HANG,
+        },
+    )

@@ -1,0 +1,229 @@
+"""`ElasticSampler`: a pure function of (seed, step, skips), the very positions and batch hashes
+`trainguard run` reads (across epochs, after rollbacks), rank slices and micro-batches, set_step,
+length, state, N -> M process resumes, and its bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainguard import ElasticSampler
+from trainguard.checkpoint import CheckpointStore
+from trainguard.data.order import ElasticOrder, batch_hash
+from trainguard.errors import BadInputError
+from trainguard.guard import Decision, Guard
+from trainguard.train.actions import StepPositions, next_position, rollback
+from trainguard.train.state import TrainerState, write_checkpoint_files
+
+
+def sampler(n: int = 10, g: int = 4, **kw) -> ElasticSampler:
+    return ElasticSampler(n, global_batch_size=g, seed=kw.pop("seed", 7), **kw)
+
+
+# -- a pure function ---------------------------------------------------------------------------
+def test_batch_ids_are_a_pure_function_of_seed_and_step() -> None:
+    a, b = sampler(101, 8), sampler(101, 8)
+    steps = list(range(40))  # 40 * 8 > 101: three epochs
+    random.Random(0).shuffle(steps)
+    shuffled = {s: b.batch_ids(s).tolist() for s in steps}  # any query order, same answers
+    for s in range(40):
+        assert a.batch_ids(s).tolist() == shuffled[s]
+        assert a.batch_hash(s) == batch_hash(a.batch_ids(s))
+    order = ElasticOrder(101, 7)
+    assert a.batch_ids(13).tolist() == order.sample_ids(13 * 8, 8).tolist()
+    assert sampler(101, 8, seed=8).batch_ids(0).tolist() != a.batch_ids(0).tolist()
+
+
+def test_a_batch_straddles_the_epoch_boundary() -> None:
+    s = sampler(10, 4)  # step 2 reads positions 8..11: two of epoch 0, two of epoch 1
+    order = ElasticOrder(10, 7)
+    ids = s.batch_ids(2).tolist()
+    assert ids == [order.index(0, 8), order.index(0, 9), order.index(1, 0), order.index(1, 1)]
+    epoch0 = np.concatenate([s.batch_ids(0), s.batch_ids(1), s.batch_ids(2)[:2]])
+    assert sorted(epoch0.tolist()) == list(range(10))  # each sample once per epoch
+
+
+# -- the same order as `trainguard run` ----------------------------------------------------------
+def test_positions_and_hashes_equal_runs_reader_with_rollbacks(tmp_path: Path) -> None:
+    """Drive `trainguard run`'s own reader (TrainerState, next_position) and its rollback
+    (train/actions.py, real checkpoints) on 10 samples in batches of 4, so that batches
+    straddle epochs; the sampler, given the same bad steps, reads every step's batch alike."""
+    n, g = 10, 4
+    order = ElasticOrder(n, 7)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    session = SimpleNamespace(
+        state=TrainerState(),
+        trainer=SimpleNamespace(order=order, global_batch=g),
+        store=CheckpointStore(str(tmp_path / "ckpt"), keep=10),
+        model=model,
+        optimizer=optimizer,
+        guard=Guard(),
+        record=lambda findings: None,
+        log_event=lambda *a, **k: None,
+        display=SimpleNamespace(message=lambda m: None),
+    )
+    positions = StepPositions()
+    run_hashes: dict[int, str] = {}  # the last batch each (1-based) step read
+    s = sampler(n, g)
+
+    def steps_until(last: int) -> None:
+        while session.state.step < last:
+            step = session.state.step + 1
+            pos = next_position(session)
+            positions.record(step, pos)
+            run_hashes[step] = batch_hash(order.sample_ids(pos, g))
+            session.state.advance(g, 0, n)
+            if step % 3 == 0:
+                session.store.save(
+                    step,
+                    lambda folder: write_checkpoint_files(
+                        folder, model, optimizer, session.state, {}, {}
+                    ),
+                )
+
+    def roll_back(at: int, bad: list[int]) -> None:
+        rollback(session, Decision(at, "rollback", bad_steps=bad), positions)
+        restored = session.state.step
+        s.skip([b - 1 for b in bad if b - 1 >= restored])  # what Guard.rollback records
+
+    steps_until(5)
+    roll_back(5, [4, 5])  # back to 3; steps 4 and 5 read new batches
+    steps_until(8)
+    roll_back(8, [3, 7, 8])  # back to 6; step 3 is before the checkpoint: not skipped
+    steps_until(9)
+    roll_back(9, [7, 9])  # back to 9, the newest checkpoint: nothing left to skip
+    steps_until(14)
+    assert s.skipped_positions == session.state.skipped_positions
+    assert len(s.skipped_positions) == 4
+    for step, h in run_hashes.items():
+        assert s.batch_hash(step - 1) == h, step
+        assert s.position(step - 1) == positions.get(step), step
+    fresh = sampler(n, g)
+    fresh.load_state_dict(json.loads(json.dumps(s.state_dict())))  # a checkpoint round trip
+    assert [fresh.batch_hash(k) for k in range(14)] == [run_hashes[k + 1] for k in range(14)]
+
+
+def test_batch_hashes_equal_a_finished_run(finished_tiny_run: Path) -> None:
+    from trainguard.config.load import load_recipe
+    from trainguard.data.prepare import prepare_data
+
+    recipe = load_recipe(str(finished_tiny_run / "recipe.yaml"))
+    data = prepare_data(recipe.data, recipe.tokenizer, progress=False)
+    s = ElasticSampler(
+        data.train.num_samples(recipe.data.seq_len),
+        global_batch_size=recipe.train.batch_size * recipe.train.grad_accum,
+        seed=recipe.train.seed,
+    )
+    rows = [json.loads(line) for line in (finished_tiny_run / "metrics.jsonl").open()]
+    logged = {r["step"]: r["batch_hash"] for r in rows if r.get("kind") == "step"}
+    assert sorted(logged) == list(range(1, 13))
+    assert {step: s.batch_hash(step - 1) for step in logged} == logged
+
+
+# -- ranks, micro-batches, iteration -----------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2, 3, 6])
+def test_rank_slices_assemble_the_global_batch(world: int) -> None:
+    ranks = [sampler(50, 6, rank=r, world_size=world) for r in range(world)]
+    for step in range(12):
+        parts = [r.rank_ids(step) for r in ranks]
+        assert np.concatenate(parts).tolist() == ranks[0].batch_ids(step).tolist()
+        assert all(len(p) == 6 // world for p in parts)
+
+
+def test_micro_batches_through_a_dataloader() -> None:
+    s = sampler(40, 12, rank=1, world_size=2, max_steps=5, micro_batch_size=2)
+    assert (s.local_batch_size, s.micro_batch_size, s.accum_steps) == (6, 2, 3)
+    data = TensorDataset(torch.arange(40))
+    loader = DataLoader(data, sampler=s, batch_size=s.micro_batch_size)
+    got = [b[0].tolist() for b in loader]
+    want = [m.tolist() for step in range(5) for m in s.micro_batch_ids(step)]
+    assert got == want and len(got) == 5 * 3
+    assert np.concatenate(s.micro_batch_ids(3)).tolist() == s.rank_ids(3).tolist()
+    assert len(loader) == 15  # the DataLoader's length comes from the sampler's
+
+
+def test_set_step_iteration_end_and_length() -> None:
+    s = sampler(30, 4, rank=0, world_size=2, max_steps=6)
+    assert len(s) == 12 and len(list(s)) == 12  # 6 steps x 2 samples, then it ends
+    it = iter(s)
+    first = [next(it) for _ in range(3)]  # an iterator (or a prefetching loader) ran ahead
+    s.set_step(4)
+    assert len(s) == 4
+    assert list(s) == s.rank_ids(4).tolist() + s.rank_ids(5).tolist()
+    assert first + list(it) == list(sampler(30, 4, rank=0, world_size=2, max_steps=6))
+    s.set_step(9)
+    assert len(s) == 0 and list(s) == []
+    endless = sampler(30, 4)
+    with pytest.raises(TypeError, match="max_steps"):
+        len(endless)
+    assert next(iter(endless)) == endless.batch_ids(0)[0]
+
+
+def test_defaults_to_one_process_without_torch_distributed() -> None:
+    s = sampler(30, 4)
+    assert (s.rank, s.world_size, s.local_batch_size) == (0, 1, 4)
+
+
+# -- skips and state ---------------------------------------------------------------------------
+def test_skip_moves_later_steps_on_by_position() -> None:
+    s, ref = sampler(30, 4), sampler(30, 4)
+    before = [s.batch_hash(k) for k in range(10)]
+    assert s.skip([3, 4]) == [[12, 16], [16, 20]]
+    assert [s.batch_hash(k) for k in range(3)] == before[:3]  # the past is untouched
+    assert s.batch_hash(3) == before[5] and s.batch_hash(4) == before[6]
+    s.skip([3])  # the step that now reads block 5
+    assert s.batch_hash(3) == ref.batch_hash(6)
+    assert s.skipped_positions == [[12, 16], [16, 20], [20, 24]]
+    s.skip([3, 3])
+    assert len(s.skipped_positions) == 4  # a step's block is recorded once
+
+
+def test_state_round_trip_and_resume_on_another_world_size() -> None:
+    """Saved by 2 ranks after a rollback, resumed by 3: the same global batches as 1 rank."""
+    g = 6
+    reference = sampler(40, g)
+    reference.skip([5, 6])
+    saved = sampler(40, g, rank=1, world_size=2)
+    saved.skip([5, 6])
+    state = json.loads(json.dumps(saved.state_dict()))  # checkpoints hold it as JSON
+    resumed = [sampler(40, g, seed=99, rank=r, world_size=3) for r in range(3)]
+    for r in resumed:
+        r.load_state_dict(state)  # the saved seed wins: the run continues its own order
+    for step in range(8, 20):
+        got = np.concatenate([r.rank_ids(step) for r in resumed])
+        assert got.tolist() == reference.batch_ids(step).tolist()
+        assert batch_hash(got) == reference.batch_hash(step)
+
+
+# -- bad input ---------------------------------------------------------------------------------
+def test_bad_input_is_refused_with_the_values_named() -> None:
+    with pytest.raises(BadInputError, match="3 samples, fewer than one global batch of 4"):
+        sampler(3, 4)
+    with pytest.raises(BadInputError, match="global_batch_size=10 does not split evenly over 3"):
+        sampler(30, 10, rank=0, world_size=3)
+    with pytest.raises(BadInputError, match="rank 2 is outside world size 2"):
+        sampler(30, 4, rank=2, world_size=2)
+    with pytest.raises(BadInputError, match="micro_batch_size=3 does not divide"):
+        sampler(30, 8, rank=0, world_size=2, micro_batch_size=3)
+    with pytest.raises(BadInputError, match="global_batch_size must be at least 1"):
+        sampler(30, 0)
+
+
+def test_a_state_from_another_dataset_or_batch_size_is_refused() -> None:
+    state = sampler(30, 4).state_dict()
+    with pytest.raises(BadInputError, match="dataset of 30 samples, this sampler's has 31"):
+        sampler(31, 4).load_state_dict(state)
+    with pytest.raises(BadInputError, match="global_batch_size=4, this sampler has global_b"):
+        sampler(30, 6).load_state_dict(state)
+    with pytest.raises(BadInputError, match="not an ElasticSampler state"):
+        sampler(30, 4).load_state_dict({"seed": 1})
+    with pytest.raises(BadInputError, match="not whole global batches of 4"):
+        sampler(30, 4).load_state_dict(state | {"skipped_positions": [[2, 6]]})
