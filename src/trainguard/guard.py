@@ -176,12 +176,14 @@ class Guard:
         if isinstance(distributed, DistributedGuards):
             return distributed  # built by the caller (trainguard run does)
         config = distributed if isinstance(distributed, DistributedConfig) else None
-        return DistributedGuards(
+        part = DistributedGuards(
             config,
             run_dir=self.run_dir,
             max_rollbacks=self.config.max_rollbacks,
             on_hang=lambda f: self._log_findings([f]),
         )
+        part.start()  # ranks the launcher stops (a hung one among them) dump their stacks
+        return part
 
     # --- the per-step call -------------------------------------------------------------------
     def step(
