@@ -4,6 +4,7 @@ and the bf16 communication hook on a real (one-process) gloo group."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -13,6 +14,8 @@ import torch.distributed as dist
 from trainguard.config.load import load_recipe
 from trainguard.drills.faults import FaultPlan
 from trainguard.errors import BadInputError, ConfigError
+from trainguard.guard import Guard
+from trainguard.guards.distributed import DistributedGuards
 from trainguard.guards.hang import missing_ranks
 from trainguard.guards.replica import compare_replicas, replica_digest
 from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
@@ -152,6 +155,27 @@ def test_phase_timer_books_busy_and_waited_time() -> None:
     assert t["data"] == pytest.approx(0.01) and t["fwd_bwd"] == pytest.approx(0.15)
     assert t["optimizer"] == pytest.approx(0.02) and t["comm"] == pytest.approx(0.30)
     assert timer.take()["steps"] == 0
+
+
+# -- the part's state -------------------------------------------------------------------------
+def test_the_parts_state_travels_in_the_guards_state() -> None:
+    """Straggler windows and the replica rollback count are saved with the guard (checkpoints)
+    and restored with it; with one process every guard call is a no-op."""
+    part = DistributedGuards(group=None)
+    assert not part.active
+    for k in range(4):
+        part.stragglers.update(k, [timing(20), timing(22)], HOSTS[:2])
+    part.replica_rollbacks = 2
+    state = json.loads(json.dumps(Guard(distributed=part).state_dict()))
+    restored = Guard(distributed=DistributedGuards(group=None))
+    restored.load_state_dict(state)
+    assert restored.distributed is not None
+    assert restored.distributed.replica_rollbacks == 2
+    assert restored.distributed.stragglers.state_dict() == part.stragglers.state_dict()
+    assert len(restored.distributed.stragglers.history[1]) == 4
+    end = restored.end_step(3, tiny_model())
+    assert (end.action, end.findings) == ("apply", [])
+    assert "distributed" not in Guard().state_dict()
 
 
 # -- hung ranks (R301) ---------------------------------------------------------------------------
