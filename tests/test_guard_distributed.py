@@ -89,7 +89,10 @@ def _replica_worker(rank: int, world: int, tmp: Path) -> None:
     weights = [p.detach().clone() for p in model.parameters()]
     gathered = [None] * world
     dist.all_gather_object(gathered, [w.tolist() for w in weights])
+    slices = [None] * world
+    dist.all_gather_object(slices, sampler.rank_ids(5).tolist())
     result = {
+        "assembled": sum(slices, []) == sampler.batch_ids(5).tolist(),
         "decisions": decisions,
         "replica_rollbacks": guard.state_dict()["distributed"]["replica_rollbacks"],
         "same_weights": all(g == gathered[0] for g in gathered),
@@ -129,6 +132,7 @@ def test_replica_corruption_is_named_and_rolled_back_ddp_fsdp2_hsdp(tmp_path: Pa
     for res in results:  # every rank decided the same
         assert res["decisions"] == results[0]["decisions"]
         assert res["same_weights"] and res["replica_rollbacks"] == 1
+        assert res["assembled"]  # the ranks' slices (rank, world from torch.distributed)
     flagged = [(s, a, fs) for s, a, fs in results[0]["decisions"] if fs]
     assert [(s, a) for s, a, _ in flagged] == [(2, "rollback")]  # the check right after the flip
     (h201,) = flagged[0][2]

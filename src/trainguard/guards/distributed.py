@@ -130,6 +130,8 @@ class DistributedGuards:
         self.mark(name)
         try:
             yield
+        except torch.OutOfMemoryError:
+            raise  # this rank's own failure, not a peer's: the others will name it
         except RuntimeError as e:  # gloo/nccl timeouts and lost peers are RuntimeErrors
             if not self.active:
                 raise
@@ -141,6 +143,8 @@ class DistributedGuards:
             return fn(*args)
         try:
             return fn(*args)
+        except torch.OutOfMemoryError:
+            raise
         except RuntimeError as e:
             self.diagnose(step, e)
 
