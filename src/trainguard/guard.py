@@ -14,9 +14,10 @@
         if decision.apply:
             optimizer.step()                # only after the guard saw this update
         optimizer.zero_grad()
+        end = guard.end_step(step, model=model, optimizer=optimizer)  # replicas, stragglers
+        ...                                 # end.action "rollback" (H201): as above
         step += 1
         ...                                 # checkpointer.save(step, state) when due
-        guard.end_step(step - 1, model=model, optimizer=optimizer)  # may ask for a rollback too
 
 Steps count from 0, as the sampler and the checkpointer count them (`step` = the updates done
 before this one). Call `guard.step` BEFORE `optimizer.step()`: a non-finite or spiking update
