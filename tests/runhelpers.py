@@ -70,3 +70,22 @@ class MemoryCheckpointer:
         for key, obj in state.items():
             obj.load_state_dict(copy.deepcopy(self.saved[step][key]))
         return step
+
+
+def forge_manifest(step: int, files: dict[str, dict]) -> bytes:
+    """A checkpoint manifest with a valid self-checksum, as anyone who can write the folder can
+    make one: the self-checksum is integrity, not authenticity (docs/architecture.md)."""
+    import json
+
+    from trainguard.util.hashing import bytes_checksum
+
+    body = {
+        "format": "trainguard-checkpoint/1",
+        "step": step,
+        "created": "2024-01-01T00:00:00+00:00",
+        "checksum_algo": "xxh3_128",
+        "files": files,
+        "meta": {},
+    }
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return json.dumps({**body, "manifest_checksum": bytes_checksum(text.encode())}).encode()

@@ -173,23 +173,32 @@ def test_retention_keeps_newest_valid(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path / "c"), keep=2)
     deleted = [store.save(s, payload(s)).deleted for s in (1, 2, 3)]
     assert deleted == [[], [], [1]] and store.steps() == [2, 3]
-    # Damage step 3: the next save keeps 4 and the newest valid older one (2), drops 3.
+    # Damage step 3: the next save keeps 4 and the newest valid older one (2), and moves 3 to
+    # quarantine/ (never deleted: it is the evidence).
     with open(Path(store.backend.location(3)) / "model.safetensors", "r+b") as f:
         f.truncate(10)
     info = store.save(4, payload(4))
-    assert info.deleted == [3] and store.steps() == [2, 4]
+    assert info.deleted == [] and store.steps() == [2, 4]
+    assert (tmp_path / "c" / "quarantine" / "step-3" / MANIFEST).is_file()
 
 
 def test_plan_retention_rules() -> None:
-    assert plan_retention({1: True, 2: True, 3: True, 4: True}, keep=2) == [1, 2]
-    # invalid newer than every valid one stays (evidence, never loaded); older invalid goes
-    assert plan_retention({1: False, 2: True, 3: True, 4: False}, keep=1) == [1, 2]
-    # nothing valid: delete nothing
-    assert plan_retention({1: False, 2: False}, keep=1) == []
+    def plan(*args, **kwargs) -> tuple[list[int], list[int]]:
+        p = plan_retention(*args, **kwargs)
+        return p.delete, p.quarantine
+
+    assert plan({1: True, 2: True, 3: True, 4: True}, keep=2) == ([1, 2], [])
+    # invalid steps, older or newer than the valid ones, are quarantined, never deleted
+    assert plan({1: False, 2: True, 3: True, 4: False}, keep=1) == ([2], [1, 4])
+    # nothing valid: touch nothing
+    assert plan({1: False, 2: False}, keep=1) == ([], [])
     # the newest valid survives even when only protected newer ones exist
-    assert plan_retention({1: True, 2: False, 3: False}, keep=1, protect=frozenset({3})) == []
+    assert plan({1: True, 2: False, 3: False}, keep=1, protect=frozenset({3})) == ([], [2])
     # a step re-saved after a rollback is protected although a newer one exists
-    assert plan_retention({1: True, 2: True, 3: True}, keep=1, protect=frozenset({2})) == [1]
+    assert plan({1: True, 2: True, 3: True}, keep=1, protect=frozenset({2})) == ([1], [])
+    # uploads killed before their manifest: deleted once a newer valid step exists
+    partial = frozenset({2, 5})
+    assert plan({2: False, 3: True, 4: True, 5: False}, keep=2, partial=partial) == ([2], [])
     with pytest.raises(ValueError):
         plan_retention({1: True}, keep=0)
 

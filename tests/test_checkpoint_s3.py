@@ -24,6 +24,7 @@ pytest.importorskip("moto")
 
 import s3fs  # noqa: E402
 
+from runhelpers import forge_manifest  # noqa: E402
 from s3_server import make_bucket, s3_server, storage_options  # noqa: E402
 from trainguard.checkpoint import CheckpointStore, RetryPolicy  # noqa: E402
 from trainguard.errors import BadInputError, StorageError  # noqa: E402
@@ -308,6 +309,47 @@ def test_async_save_overlaps_upload(endpoint: str, url: str, tmp_path: Path) -> 
     store.close()
     assert [i.step for i in infos] == [1, 2] and store.steps() == [1, 2]
     assert all_committed_valid(endpoint, url, tmp_path) == [1, 2]
+
+
+def test_manifest_keys_cannot_escape_the_cache(endpoint: str, url: str, tmp_path: Path) -> None:
+    opts = storage_options(endpoint)
+    cache = tmp_path / "cache"
+    CheckpointStore(url, cache_dir=str(cache), storage_options=opts).save(1, payload(1))
+    # Staged in cache/.tmp-step-5-<pid>/, the old code wrote this to tmp_path/escaped/x.
+    name, data = "../../escaped/x", b"written outside the cache"
+    fs = fresh_fs(endpoint)
+    fs.pipe_file(f"{url[5:]}/step-5/{name}", data)
+    assert fs.cat_file(f"{url[5:]}/step-5/{name}") == data  # the key is stored as written
+    entry = {"size": len(data), "checksum": bytes_checksum(data)}
+    fs.pipe_file(f"{url[5:]}/step-5/manifest.json", forge_manifest(5, {name: entry}))
+    reader = CheckpointStore(url, cache_dir=str(cache), storage_options=opts)
+    loaded = reader.load_latest()
+    assert not (tmp_path / "escaped").exists()
+    assert loaded.step == 1 and [f.code for f in loaded.findings] == ["C108"]
+    assert sorted(p.name for p in cache.iterdir()) == ["step-1"]
+
+
+def test_retention_quarantines_on_the_object_store(endpoint: str, url: str, tmp_path: Path) -> None:
+    opts = storage_options(endpoint)
+    store = CheckpointStore(url, keep=2, cache_dir=str(tmp_path / "c"), storage_options=opts)
+    for s in (1, 2, 3):
+        store.save(s, payload(s))
+    fs = fresh_fs(endpoint)
+    key = f"{url[5:]}/step-3/model.safetensors"
+    data = bytearray(fs.cat_file(key))
+    data[100] ^= 0x01
+    fs.pipe_file(key, bytes(data))
+    reader = CheckpointStore(url, keep=2, cache_dir=str(tmp_path / "r"), storage_options=opts)
+    assert reader.load_latest().step == 2  # step 3 failed verification (C101)
+    info = reader.save(4, payload(4))
+    assert (
+        reader.steps() == [2, 4]
+        and info.deleted == []
+        and "C112" in [f.code for f in info.findings]
+    )
+    assert fs.cat_file(f"{url[5:]}/quarantine/step-3/model.safetensors") == bytes(data)
+    assert fs.exists(f"{url[5:]}/quarantine/step-3/manifest.json")
+    assert not fs.find(f"{url[5:]}/step-3")
 
 
 def test_missing_backend_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,11 @@ The crash-consistency recipe of Pillai et al. (OSDI 2014): payload files are wri
 fsynced, the manifest is written and fsynced last, the temp folder is fsynced, renamed to
 `step-<N>` in one `rename(2)` and the parent folder is fsynced. A reader therefore sees either
 no `step-<N>` or a complete one; a killed writer leaves only a `.tmp-step-*` folder, which no
-reader matches and the next save or open removes.
+reader matches and the next save or open removes. Temp and trash folders get unpredictable
+names (mkdtemp), so a symlink planted under a guessable name is never followed.
+
+Nothing that failed verification is deleted: `move_aside` renames a step folder into
+`quarantine/` (or `attic/<label>/` for `trainguard run --fresh`), which no scan looks into.
 """
 
 from __future__ import annotations
@@ -17,20 +21,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoint.folder import verify_local_folder
 from trainguard.checkpoint.manifest import (
     MANIFEST,
+    STEP_PREFIX,
     manifest_bytes,
     parse_step_dirname,
     payload_files,
     step_dirname,
-    verify_local_folder,
 )
 from trainguard.errors import StorageError
 from trainguard.findings import Finding
-from trainguard.util.atomic import fsync_dir
+from trainguard.util.atomic import fsync_dir, make_temp_dir
 
 TMP_PREFIX = ".tmp-step-"
 TRASH_PREFIX = ".trash-step-"
+# Folders in a checkpoint root that hold steps set aside; never scanned, never warned about.
+QUARANTINE = "quarantine"
+ATTIC = "attic"
+SET_ASIDE = (QUARANTINE, ATTIC)
 # A temp folder of a live process is left alone unless it is this old (a pid reused after a
 # reboot, or a writer on another host of a shared file system).
 STALE_AFTER_S = 24 * 3600.0
@@ -72,7 +81,7 @@ def fsync_tree(folder: Path) -> None:
     """fsync every file and folder under `folder` (the folder itself last)."""
     for dirpath, _dirs, files in os.walk(folder, topdown=False):
         for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_NOFOLLOW)
             try:
                 os.fsync(fd)
             finally:
@@ -81,7 +90,9 @@ def fsync_tree(folder: Path) -> None:
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any], sync: bool = True) -> None:
-    with open(folder / MANIFEST, "wb") as f:
+    # A new file in our own fresh temp folder; O_EXCL|O_NOFOLLOW all the same: never follow.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(folder / MANIFEST, flags, 0o666), "wb") as f:
         f.write(manifest_bytes(manifest))
         if sync:
             f.flush()
@@ -89,20 +100,24 @@ def write_manifest(folder: Path, manifest: dict[str, Any], sync: bool = True) ->
 
 
 def new_temp_dir(parent: Path, step: int) -> Path:
-    tmp = parent / f"{TMP_PREFIX}{step}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
+    """`.tmp-step-<N>-<random>-<pid>`: the pid last, for `clean_stale_temps`."""
+    parent.mkdir(parents=True, exist_ok=True)
+    return make_temp_dir(parent, f"{TMP_PREFIX}{step}-", f"-{os.getpid()}")
+
+
+def _trash_dir(final: Path) -> Path:
+    """An empty, unpredictably named folder next to `final` to rename it over (allowed for an
+    empty target folder), so a half-deleted step never looks committed."""
+    return make_temp_dir(
+        final.parent, f"{TRASH_PREFIX}{parse_step_dirname(final.name)}-", f"-{os.getpid()}"
+    )
 
 
 def install(tmp: Path, final: Path) -> None:
     """Rename `tmp` to `final`, replacing an existing `final` (a step saved again)."""
     trash = None
     if final.exists():
-        trash = final.with_name(f"{TRASH_PREFIX}{parse_step_dirname(final.name)}-{os.getpid()}")
-        if trash.exists():
-            shutil.rmtree(trash)
+        trash = _trash_dir(final)
         os.rename(final, trash)
     try:
         os.rename(tmp, final)
@@ -119,12 +134,49 @@ def remove_step_folder(folder: Path) -> None:
     """Delete a step folder; renamed away first, so a half-deleted one never looks committed."""
     if not folder.exists():
         return
-    trash = folder.with_name(f"{TRASH_PREFIX}{parse_step_dirname(folder.name)}-{os.getpid()}")
-    if trash.exists():
-        shutil.rmtree(trash)
+    trash = _trash_dir(folder)
     os.rename(folder, trash)
     fsync_dir(folder.parent)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def free_path(path: Path) -> Path:
+    """`path`, or `path.1`, `path.2`, ... whichever does not exist yet (nothing is replaced)."""
+    candidate, n = path, 0
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
+
+
+def scan_root(root: Path) -> tuple[dict[int, bool], list[tuple[str, str]]]:
+    """({step: has a manifest} for every canonical `step-<N>` folder, [(name, why it is not a
+    checkpoint)] for every other entry); temp folders and the set-aside folders are skipped."""
+    steps: dict[int, bool] = {}
+    ignored: list[tuple[str, str]] = []
+    if not root.is_dir():
+        return steps, ignored
+    for entry in sorted(root.iterdir()):
+        name = entry.name
+        if name.startswith((TMP_PREFIX, TRASH_PREFIX)) or name in SET_ASIDE:
+            continue
+        step = parse_step_dirname(name)
+        if step is not None and entry.is_dir() and not entry.is_symlink():
+            steps[step] = (entry / MANIFEST).is_file()
+        else:
+            ignored.append((name, junk_reason(name, entry.is_symlink())))
+    return steps, ignored
+
+
+def junk_reason(name: str, is_link: bool = False) -> str:
+    """Why an entry of a checkpoint root is not a checkpoint (shared with the object store)."""
+    step = parse_step_dirname(name)
+    if step is not None:
+        return "a symbolic link, not a step folder" if is_link else "a file, not a step folder"
+    digits = name[len(STEP_PREFIX) :] if name.startswith(STEP_PREFIX) else ""
+    if digits.isascii() and digits.isdigit():
+        return f"not the canonical name of step {int(digits)} ({step_dirname(int(digits))})"
+    return "not a step-<N> folder"
 
 
 class LocalBackend:
@@ -135,6 +187,7 @@ class LocalBackend:
     def __init__(self, root: Path, on_phase: Callable[[str, int], None] | None = None) -> None:
         self.root = root
         self.on_phase = on_phase
+        self.ignored: list[tuple[str, str]] = []  # entries of the last scan that are not steps
         if root.exists() and not root.is_dir():
             raise StorageError(
                 f"checkpoint root {root} exists but is not a folder",
@@ -153,15 +206,21 @@ class LocalBackend:
         return str(self.root / step_dirname(step))
 
     def step_folders(self) -> dict[int, bool]:
-        """{step: has a manifest} for every `step-<N>` folder."""
-        out: dict[int, bool] = {}
-        if not self.root.is_dir():
-            return out
-        for entry in self.root.iterdir():
-            step = parse_step_dirname(entry.name)
-            if step is not None and entry.is_dir():
-                out[step] = (entry / MANIFEST).is_file()
-        return out
+        """{step: has a manifest} for every `step-<N>` folder; `ignored` lists the rest."""
+        steps, self.ignored = scan_root(self.root)
+        return steps
+
+    def has_step(self, step: int) -> bool:
+        return os.path.lexists(self.root / step_dirname(step))
+
+    def move_aside(self, step: int, dest: str) -> str:
+        """Rename step `step` to `<root>/<dest>` (or `<dest>.1`, ...); nothing is deleted."""
+        target = free_path(self.root / dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(self.root / step_dirname(step), target)
+        fsync_dir(target.parent)
+        fsync_dir(self.root)
+        return str(target)
 
     def quick_status(self) -> dict[int, tuple[bool, bool]]:
         """{step: (committed, structurally valid)}: manifest intact, files present, sizes right."""

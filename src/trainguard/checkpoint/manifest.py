@@ -2,8 +2,12 @@
 
 `manifest.json` lists every payload file with its size and xxh3-128 checksum, and carries a
 checksum of its own content, so a truncated or hand-edited manifest is caught as surely as a
-damaged payload file. Verification is written once against two small callables (size of a
-file, checksum of a file) so the local folder and the object store share it.
+damaged payload file. The self-checksum is integrity, not authenticity: whoever can write the
+folder can write a manifest that matches. So a manifest is untrusted data: every name in it
+must be a plain relative path inside its step folder (`entry_problem`), checked before any
+file is opened, downloaded or written, on every backend. Verification is written once against
+two small callables (size of a file, checksum of at most that many bytes) so the local folder
+and the object store share it.
 """
 
 from __future__ import annotations
@@ -28,11 +32,44 @@ def step_dirname(step: int) -> str:
 
 
 def parse_step_dirname(name: str) -> int | None:
-    """N for `step-N`, None for anything else (temp folders never match)."""
+    """N for the canonical `step-N` (ASCII digits, no leading zero), None for anything else:
+    `step-0020` or `step-20.bak` never stand in for step 20, temp folders never match."""
     if not name.startswith(STEP_PREFIX):
         return None
     digits = name[len(STEP_PREFIX) :]
-    return int(digits) if digits.isdigit() else None
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    return int(digits) if step_dirname(int(digits)) == name else None
+
+
+class UnsafeEntry(Exception):
+    """A payload file that must not be read: a symlink, a device, a FIFO, a folder."""
+
+
+def entry_problem(name: object) -> str | None:
+    """Why a manifest file name is not a plain relative path inside its step folder, or None.
+
+    The one containment rule for every backend: no absolute path, no `..` (nor `.` or empty)
+    component, no backslash or control character, and never the manifest itself.
+    """
+    if not isinstance(name, str) or not name:
+        return "an empty or non-text name"
+    if name.startswith("/"):
+        return "an absolute path"
+    if any(ord(c) < 32 or c == "\\" for c in name):
+        return "a backslash or control character"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "a '..', '.' or empty path component"
+    if name == MANIFEST:
+        return "the manifest's own name"
+    return None
+
+
+def _entry_ok(entry: object) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("checksum"), str):
+        return False
+    size = entry.get("size")
+    return isinstance(size, int) and not isinstance(size, bool) and size >= 0
 
 
 def _self_checksum(body: dict[str, Any]) -> str:
@@ -100,10 +137,22 @@ def parse_manifest(
             f"{m['manifest_checksum']}, its content hashes to {actual})",
         )
     files = m["files"]
-    if not isinstance(files, dict) or not all(
-        isinstance(v, dict) and "size" in v and "checksum" in v for v in files.values()
-    ):
+    if not isinstance(files, dict) or not all(_entry_ok(v) for v in files.values()):
         return bad("C104", f"{MANIFEST} has a malformed `files` table")
+    for name in sorted(files):
+        why = entry_problem(name)
+        if why is not None:  # nothing of this step is read, downloaded or written
+            return None, [
+                Finding.of(
+                    "C108",
+                    f"checkpoint step {step}: {MANIFEST} lists {name!r}, {why}; every file "
+                    "must be a plain relative path inside its step folder, so nothing of this "
+                    "step was read",
+                    step=step,
+                    where=where,
+                    data={"file": name, "problem": why},
+                )
+            ]
     if m["step"] != step:
         return None, [
             Finding.of(
@@ -120,18 +169,33 @@ def parse_manifest(
 def check_files(
     manifest: dict[str, Any],
     size_of: Callable[[str], int | None],
-    checksum_of: Callable[[str], str] | None,
+    checksum_of: Callable[[str, int], str] | None,
     where: str,
 ) -> list[Finding]:
-    """Findings for missing, wrong-size and (if `checksum_of` is given) corrupt payload files.
+    """Findings for missing, wrong-size, unreadable and (if `checksum_of` is given) corrupt files.
 
-    `size_of(name)` returns None for a missing file. Checksums are only computed for files whose
-    size is right: a wrong size already proves the file damaged.
+    `size_of(name)` returns None for a missing file and raises UnsafeEntry for one that must
+    not be read. `checksum_of(name, size)` reads at most `size` bytes (the manifest's size).
+    Checksums are only computed for files whose size is right: a wrong size already proves the
+    file damaged.
     """
     step = manifest["step"]
     findings = []
     for name, entry in sorted(manifest["files"].items()):
-        size = size_of(name)
+        try:
+            size = size_of(name)
+        except UnsafeEntry as e:
+            findings.append(
+                Finding.of(
+                    "C109",
+                    f"checkpoint step {step}: {name} is {e}, not a regular file inside the "
+                    "step folder; it was not read",
+                    step=step,
+                    where=f"{where}/{name}",
+                    data={"file": name, "kind": str(e)},
+                )
+            )
+            continue
         if size is None:
             findings.append(
                 Finding.of(
@@ -154,7 +218,7 @@ def check_files(
                 )
             )
         elif checksum_of is not None:
-            actual = checksum_of(name)
+            actual = checksum_of(name, entry["size"])
             if actual != entry["checksum"]:
                 findings.append(
                     Finding.of(
@@ -171,25 +235,3 @@ def check_files(
                     )
                 )
     return findings
-
-
-def verify_local_folder(folder: Path, step: int, full: bool = True) -> list[Finding]:
-    """Verify a local step folder: manifest, then every file's size and (if `full`) checksum."""
-    path = folder / MANIFEST
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raw = None
-    manifest, findings = parse_manifest(raw, step, str(folder))
-    if manifest is None:
-        return findings
-
-    def size_of(name: str) -> int | None:
-        try:
-            return (folder / name).stat().st_size
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-
-    return check_files(
-        manifest, size_of, (lambda n: file_checksum(folder / n)) if full else None, str(folder)
-    )

@@ -6,12 +6,15 @@ only then is `manifest.json` uploaded as the commit marker. A prefix without a m
 killed upload and is never loaded. Every transfer is retried with full-jitter backoff, metered
 by a token bucket and offset by `rank * stagger_s`. The payload is staged in a local cache
 folder, which then becomes the cached copy of the latest checkpoint so a resume on the same
-machine does not download it again.
+machine does not download it again. Manifest names are checked (`entry_problem`) before any
+object is downloaded, and no read takes more bytes than the manifest lists. A step that failed
+verification is copied to `quarantine/` (or `attic/<label>/`) and only then removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -20,20 +23,23 @@ from typing import Any
 
 import xxhash
 
+from trainguard.checkpoint.folder import MANIFEST_MAX_BYTES, read_manifest, verify_local_folder
 from trainguard.checkpoint.local import (
+    SET_ASIDE,
     clean_stale_temps,
     install,
+    junk_reason,
     new_temp_dir,
     remove_step_folder,
     write_manifest,
 )
 from trainguard.checkpoint.manifest import (
     MANIFEST,
+    UnsafeEntry,
     check_files,
     parse_manifest,
     parse_step_dirname,
     step_dirname,
-    verify_local_folder,
 )
 from trainguard.checkpoint.retry import (
     RetryPolicy,
@@ -71,6 +77,7 @@ class RemoteBackend:
         self.cache_dir, self.policy, self.bucket = cache_dir, policy, bucket
         self.rank, self.on_phase, self.sleep = rank, on_phase, sleep
         self.stats = RetryStats()
+        self.ignored: list[tuple[str, str]] = []  # top-level names of the last listing, not steps
         self._known: dict[int, dict[str, int]] | None = None  # the last listing
         self._manifests: dict[tuple[int, int], bytes | None] = {}
         try:
@@ -105,6 +112,7 @@ class RemoteBackend:
                 return {}
 
         out: dict[int, dict[str, int]] = {}
+        ignored: dict[str, str] = {}
         prefix = self.fs._strip_protocol(self.root).rstrip("/") + "/"
         for name, info in self._retry(find, f"list {self.url}").items():
             rel = self.fs._strip_protocol(name)
@@ -114,11 +122,32 @@ class RemoteBackend:
             step = parse_step_dirname(head)
             if step is not None and rest:
                 out.setdefault(step, {})[rest] = int(info.get("size") or 0)
+            elif head not in SET_ASIDE:
+                ignored[head] = junk_reason(head)
         self._known = out
+        self.ignored = sorted(ignored.items())
         return out
 
     def step_folders(self) -> dict[int, bool]:
         return {s: MANIFEST in files for s, files in self._listing().items()}
+
+    def has_step(self, step: int) -> bool:
+        return step in (self._known if self._known is not None else self._listing())
+
+    def move_aside(self, step: int, dest: str) -> str:
+        """Copy step `step` to `<root>/<dest>/` (or `<dest>.1`, ...), manifest last, then
+        remove it, manifest first: at every moment one of the two copies is whole."""
+        names = sorted(self._listing().get(step, {}), key=lambda n: (n == MANIFEST, n))
+        rel, n = dest, 0
+        while self._retry(lambda r=rel: self.fs.find(f"{self.root}/{r}"), f"list {dest}"):
+            n += 1
+            rel = f"{dest}.{n}"
+        for name in names:
+            src, dst = self._rpath(step, name), f"{self.root}/{rel}/{name}"
+            self._retry(lambda s=src, d=dst: self.fs.copy(s, d), f"copy {src}")
+        self._remove_remote(step, names)
+        self._known = None
+        return f"{self.url}/{rel}"
 
     def quick_status(self) -> dict[int, tuple[bool, bool]]:
         """{step: (committed, structurally valid)} from one listing plus each manifest."""
@@ -140,7 +169,9 @@ class RemoteBackend:
     def _read_manifest(self, step: int) -> bytes | None:
         def cat() -> bytes | None:
             try:
-                return self.fs.cat_file(self._rpath(step, MANIFEST))
+                path, cap = self._rpath(step, MANIFEST), MANIFEST_MAX_BYTES
+                raw = self.fs.cat_file(path, start=0, end=cap)
+                return raw if len(raw) < cap else b"\xff"  # too large to be one: C104
             except FileNotFoundError:
                 return None
 
@@ -155,8 +186,11 @@ class RemoteBackend:
         if self.rank > 0 and self.policy.stagger_s > 0:
             self.sleep(self.rank * self.policy.stagger_s)
 
-    def _read_object(self, rpath: str, size_hint: int, sink: Any = None) -> tuple[int, str]:
-        """(size, xxh3 checksum) of an object, streamed into `sink` (a binary file) if given.
+    def _read_object(
+        self, rpath: str, size_hint: int, sink: Any = None, limit: int | None = None
+    ) -> tuple[int, str]:
+        """(size, xxh3 checksum) of an object, streamed into `sink` (a binary file) if given;
+        with `limit`, of its first `limit` bytes only (a manifest entry's size: never more).
 
         Small objects take one GET; large ones are streamed in 1 MiB reads.
         """
@@ -170,11 +204,13 @@ class RemoteBackend:
             if sink is not None:
                 sink.write(chunk)
 
-        if size_hint <= SMALL_OBJECT:
-            take(self.fs.cat_file(rpath))
+        if limit == 0:
+            pass  # nothing to read (and a zero-length range is not a valid request)
+        elif size_hint <= SMALL_OBJECT:
+            take(self.fs.cat_file(rpath, start=0, end=limit))
         else:
             with self.fs.open(rpath, "rb") as f:
-                while chunk := f.read(CHUNK):
+                while chunk := f.read(CHUNK if limit is None else min(CHUNK, limit - n)):
                     take(chunk)
         return n, h.hexdigest()
 
@@ -280,9 +316,11 @@ class RemoteBackend:
             return findings
         sizes = self._listing().get(step, {})
 
-        def checksum_of(name: str) -> str:
+        def checksum_of(name: str, size: int) -> str:
             rpath, hint = self._rpath(step, name), sizes[name]
-            return self._retry(lambda: self._read_object(rpath, hint)[1], f"read {rpath}")
+            return self._retry(
+                lambda: self._read_object(rpath, hint, limit=size)[1], f"read {rpath}"
+            )
 
         return check_files(manifest, sizes.get, checksum_of if full else None, self.location(step))
 
@@ -296,7 +334,10 @@ class RemoteBackend:
         cached = self.cache_dir / step_dirname(step)
         notes: list[Finding] = []
         if cached.is_dir():
-            same = (cached / MANIFEST).is_file() and (cached / MANIFEST).read_bytes() == raw
+            try:
+                same = read_manifest(cached) == raw
+            except UnsafeEntry:
+                same = False
             problems = verify_local_folder(cached, step) if same else []
             if same and not problems:
                 return cached, [], True
@@ -335,11 +376,12 @@ class RemoteBackend:
             dest.parent.mkdir(parents=True, exist_ok=True)
 
             def once(name: str = name, dest: Path = dest, hint: int = entry["size"]) -> str:
-                with open(dest, "wb") as dst:
-                    return self._read_object(self._rpath(step, name), hint, dst)[1]
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+                with os.fdopen(os.open(dest, flags, 0o666), "wb") as dst:
+                    return self._read_object(self._rpath(step, name), hint, dst, limit=hint)[1]
 
             got[name] = self._retry(once, f"download {name}")
-        return check_files(manifest, sizes.get, got.__getitem__, self.location(step))
+        return check_files(manifest, sizes.get, lambda name, _size: got[name], self.location(step))
 
     def delete(self, step: int) -> list[Finding]:
         self._remove_remote(step, list((self._known or {}).get(step, {})) or None)

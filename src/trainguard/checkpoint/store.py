@@ -4,6 +4,7 @@ The store knows nothing about models. The training loop passes `write(folder)`, 
 the payload files; the store checksums them, writes the manifest last, commits atomically
 (rename locally, manifest-last upload remotely), verifies, and applies retention. Loading
 verifies every file's size and checksum and falls back to the previous valid step on damage.
+Nothing that failed verification is ever deleted: retention moves it to `quarantine/`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.checkpoint.failures import describe, io_errno
+from trainguard.checkpoint.folder import read_manifest
 from trainguard.checkpoint.fsurl import default_cache_dir, open_filesystem
-from trainguard.checkpoint.local import LocalBackend, staged_bytes
-from trainguard.checkpoint.manifest import MANIFEST, build_manifest, parse_manifest
+from trainguard.checkpoint.inventory import junk_findings, none_usable
+from trainguard.checkpoint.local import ATTIC, LocalBackend, staged_bytes
+from trainguard.checkpoint.manifest import (
+    MANIFEST,
+    UnsafeEntry,
+    build_manifest,
+    parse_manifest,
+    step_dirname,
+)
 from trainguard.checkpoint.remote import RemoteBackend
 from trainguard.checkpoint.results import CheckpointInfo, LoadedCheckpoint, SaveHandle
-from trainguard.checkpoint.retention import plan_retention
+from trainguard.checkpoint.retention import apply_retention, displace
 from trainguard.checkpoint.retry import RetryPolicy, TokenBucket
 from trainguard.errors import BadInputError, CorruptError, StorageError
 from trainguard.findings import Finding, has_errors
@@ -68,6 +77,10 @@ class CheckpointStore:
         self.root, self.keep, self.rank, self.world_size = str(root), keep, rank, world_size
         self.retry = retry or RetryPolicy()
         self.last_findings: list[Finding] = []
+        # Steps that failed verification or loading in this process: never loaded again, and
+        # quarantined (not deleted, not kept as "valid") by the next retention.
+        self._rejected: dict[int, list[Finding]] = {}
+        self._warned: set[str] = set()  # entries of the root already reported as not steps
         self._lock = threading.RLock()
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[CheckpointInfo] | None = None
@@ -191,7 +204,9 @@ class CheckpointStore:
             try:
                 nbytes = staged_bytes(stage)
                 manifest = build_manifest(stage, step, meta)
+                displaced = displace(self.backend, step, self._rejected)
                 location, findings = self.backend.commit(step, stage, manifest)
+                findings = displaced + findings
             except Exception as e:
                 shutil.rmtree(stage, ignore_errors=True)
                 if isinstance(e, BadInputError):
@@ -212,7 +227,9 @@ class CheckpointStore:
                     "written: " + "; ".join(f.message for f in problems),
                     "check the storage for silent truncation; older checkpoints were kept",
                 )
-            deleted, prune_findings = self._prune(status, protect=step)
+            deleted, prune_findings = apply_retention(
+                self.backend, status, self.keep, step, self._rejected
+            )
             return CheckpointInfo(
                 step=step,
                 location=location,
@@ -224,39 +241,6 @@ class CheckpointStore:
             )
 
     # -- retention -----------------------------------------------------------------------------
-    def _prune(
-        self, status: dict[int, tuple[bool, bool]], protect: int
-    ) -> tuple[list[int], list[Finding]]:
-        doomed = plan_retention(
-            {s: v[1] for s, v in status.items()}, self.keep, frozenset({protect})
-        )
-        deleted, findings = [], []
-        for s in doomed:
-            try:
-                self.backend.delete(s)
-                deleted.append(s)
-                if self.backend.remote and not status[s][0]:
-                    findings.append(
-                        Finding.of(
-                            "C204",
-                            f"deleted partial upload of step {s} (objects but no manifest)",
-                            step=s,
-                            where=self.backend.location(s),
-                        )
-                    )
-            except Exception as e:  # retention must never fail a save that succeeded
-                code = "C201" if self.backend.remote else "C106"
-                findings.append(
-                    Finding.of(
-                        code,
-                        f"retention could not delete step {s}: {describe(e)}",
-                        severity="warning",
-                        step=s,
-                        where=self.backend.location(s),
-                    )
-                )
-        return deleted, findings
-
     def _retention_skipped(self, exc: BaseException) -> Finding:
         return Finding.of(
             "C201" if self.backend.remote else "C106",
@@ -283,7 +267,11 @@ class CheckpointStore:
         path, findings, from_cache = self.backend.fetch(step)
         if has_errors(findings):
             return None, findings
-        manifest, problems = parse_manifest((path / MANIFEST).read_bytes(), step, str(path))
+        try:
+            raw = read_manifest(path)
+        except UnsafeEntry:
+            raw = None
+        manifest, problems = parse_manifest(raw, step, str(path))
         if manifest is None:  # changed between verification and now
             return None, problems
         return LoadedCheckpoint(step, path, manifest, findings, from_cache), findings
@@ -292,6 +280,7 @@ class CheckpointStore:
         """Step `step` as a verified local folder; CorruptError if anything does not match."""
         loaded, findings = self._try_load(step)
         if loaded is None:
+            self._rejected[step] = findings
             raise CorruptError(
                 f"checkpoint step {step} at {self.backend.location(step)} is invalid: "
                 + "; ".join(f.message for f in findings if f.severity == "error"),
@@ -300,30 +289,55 @@ class CheckpointStore:
             )
         return loaded
 
-    def load_latest(self) -> LoadedCheckpoint | None:
+    def load_latest(
+        self, usable: Callable[[LoadedCheckpoint], list[Finding]] | None = None
+    ) -> LoadedCheckpoint | None:
         """The newest valid checkpoint; damaged newer ones become findings on the result.
 
-        None if no committed checkpoint is valid; then `last_findings` says why (C107 when
-        committed checkpoints exist but all are damaged).
+        `usable(loaded)` may check more than the checksums (that the files load into a model,
+        say): error findings from it reject the step like a checksum mismatch. Entries of the
+        root that are not checkpoints are warned about once each (C110); a local `step-<N>`
+        folder without a manifest is reported (C104). None if no checkpoint is valid; then
+        `last_findings` says why (C107, listing every step and its problems, when checkpoints
+        exist but none can be used).
         """
+        folders = self.backend.step_folders()
+        notes = junk_findings(self.root, self.backend.ignored, self._warned)
+        # Locally a step folder is renamed into place with its manifest: one without is damage.
+        # On an object store it is an upload killed before its commit marker (C204).
+        uncommitted = [] if self.backend.remote else sorted(s for s, c in folders.items() if not c)
+        for step in uncommitted:
+            notes += self.backend.verify(step, full=False)
+        committed = sorted(s for s, c in folders.items() if c)
         skipped: list[Finding] = []
-        committed = self.steps()
         for step in reversed(committed):
             loaded, findings = self._try_load(step)
+            if loaded is not None and usable is not None:
+                problems = usable(loaded)
+                findings = findings + problems
+                if has_errors(problems):
+                    loaded = None
             if loaded is None:
+                self._rejected[step] = findings
                 skipped += findings
                 continue
-            loaded.findings = skipped + loaded.findings
+            loaded.findings = notes + skipped + loaded.findings
             self.last_findings = loaded.findings
             return loaded
-        if committed:
-            skipped.append(
-                Finding.of(
-                    "C107",
-                    f"none of the {len(committed)} committed checkpoints under {self.root} is "
-                    f"valid (steps {committed})",
-                    where=self.root,
-                )
-            )
-        self.last_findings = skipped
+        tried = sorted(committed + uncommitted)
+        self.last_findings = notes + skipped
+        if tried:
+            located = {s: self.backend.location(s) for s in tried}
+            self.last_findings.append(none_usable(self.root, located, notes + skipped))
         return None
+
+    # -- setting aside -------------------------------------------------------------------------
+    def set_aside(self, label: str) -> list[str]:
+        """Move every step folder to `attic/<label>/` (for a run started over on purpose);
+        returns the new locations. Nothing is deleted."""
+        with self._lock:
+            self._wait_pending()
+            return [
+                self.backend.move_aside(s, f"{ATTIC}/{label}/{step_dirname(s)}")
+                for s in sorted(self.backend.step_folders())
+            ]

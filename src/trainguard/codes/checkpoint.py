@@ -31,8 +31,9 @@ register(
         "recorded in its manifest when it was written.",
         why="Resuming from flipped bits (a bad disk, a bad copy, an interrupted sync) silently "
         "trains on from wrong weights or optimizer moments; the loss may look fine for a while.",
-        fix="Nothing to do for the run: the loader falls back to the previous valid checkpoint. "
-        "Check the disk or copy path that damaged the file; delete the corrupt step folder.",
+        fix="Nothing to do for the run: the loader falls back to the previous valid checkpoint, "
+        "and the next save moves the damaged step to checkpoints/quarantine/ (kept as "
+        "evidence). Check the disk or copy path that damaged the file.",
         false_positives="None: the manifest is itself checksummed, so a mismatch means the file "
         "changed after it was written.",
         references=_CHECKSUMS,
@@ -55,8 +56,9 @@ register(
         catches="A file named in a checkpoint's manifest that is not in its folder.",
         why="A partial copy or a hand-made cleanup left a checkpoint that cannot restore the "
         "whole training state (for example weights without optimizer moments).",
-        fix="The loader falls back to the previous valid checkpoint; restore the folder from "
-        "its source or delete it.",
+        fix="The loader falls back to the previous valid checkpoint and the next save moves "
+        "the incomplete step to checkpoints/quarantine/; restore the missing file from its "
+        "source if you need that step.",
         references=_CHECKSUMS,
     ),
     Code(
@@ -67,8 +69,8 @@ register(
         "lacks required fields, or whose self-checksum does not match its content (edited).",
         why="The manifest is the commit marker: without a trustworthy one nothing says the "
         "folder was completely written, so it must never be loaded.",
-        fix="The loader skips the folder and uses the previous valid checkpoint; delete the "
-        "folder. Never edit a manifest by hand.",
+        fix="The loader skips the folder and uses the previous valid checkpoint; the next save "
+        "moves it to checkpoints/quarantine/. Never edit a manifest by hand.",
         false_positives="A manifest written by a newer trainguard with a different format.",
         references=_POSIX,
     ),
@@ -80,8 +82,8 @@ register(
         "over another).",
         why="Resuming from the wrong step replays or skips data and desynchronises the "
         "learning-rate schedule without any error.",
-        fix="The loader skips the folder; rename it back to the step its manifest names or "
-        "delete it.",
+        fix="The loader skips the folder and the next save moves it to "
+        "checkpoints/quarantine/; to use it, rename it back to the step its manifest names.",
         references=_CHECKSUMS,
     ),
     Code(
@@ -100,11 +102,110 @@ register(
         code="C107",
         title="No valid checkpoint although committed ones exist",
         severity="error",
-        catches="Every committed checkpoint of a store failed verification.",
-        why="Auto-resume would silently start from scratch and overwrite the run's history.",
-        fix="Inspect the findings of each step (`verify`), restore a copy from backup, or start "
-        "a fresh run dir on purpose.",
+        catches="Checkpoints exist but every one of them failed verification or could not be "
+        "loaded; the finding lists each step and why.",
+        why="Auto-resume would silently start from scratch and overwrite the run's history: "
+        "metrics.jsonl truncated, the damaged folders (the evidence) pruned.",
+        fix="`trainguard run` stops (exit 1) and changes nothing. Restore a good copy of a "
+        "checkpoint from backup and run again, or start over on purpose with `trainguard run "
+        "--fresh`, which moves the run dir's contents to RUN_DIR/attic/<timestamp>/ (nothing "
+        "is deleted).",
         references=_CHECKSUMS,
+    ),
+    Code(
+        code="C108",
+        title="Checkpoint manifest names a path outside its folder",
+        severity="error",
+        catches="A manifest.json whose file list holds an absolute path, a `..`, `.` or empty "
+        "path component, a backslash or a control character: anything but a plain relative "
+        "path inside the step folder. The step is rejected before any file is opened, "
+        "downloaded or written.",
+        why="The manifest is data anyone who can write the folder (or the bucket) can forge; "
+        "its self-checksum proves integrity, not authenticity. Followed, such a name reads "
+        "files outside the checkpoint (/dev/zero hangs the run) or, on object storage, writes "
+        "a download outside the local cache.",
+        fix="The loader falls back to the previous valid checkpoint. Find out who or what "
+        "wrote the manifest: trainguard never writes such names.",
+        false_positives="None: trainguard writes only plain relative names.",
+        references=(
+            "CWE-22: Improper Limitation of a Pathname to a Restricted Directory "
+            "('Path Traversal')",
+        ),
+    ),
+    Code(
+        code="C109",
+        title="Checkpoint file is not a regular file",
+        severity="error",
+        catches="A manifest entry (or the manifest) that is a symbolic link, or reached through "
+        "one, or a FIFO, device, socket or folder. It is never opened or read.",
+        why="A symlink points the checkpoint at a file outside it, which then verifies against "
+        "whatever it points to; reading a device or FIFO can block forever before the hang "
+        "watchdog even starts.",
+        fix="The loader falls back to the previous valid checkpoint and the next save moves the "
+        "step to checkpoints/quarantine/. Copy checkpoints with their files (cp -L, rsync -L), "
+        "not as links.",
+        false_positives="Checkpoint folders deliberately assembled from symlinks to save space; "
+        "trainguard does not support that.",
+        references=("CWE-59: Improper Link Resolution Before File Access ('Link Following')",),
+    ),
+    Code(
+        code="C110",
+        title="Entry in the checkpoint folder that is not a checkpoint",
+        severity="warning",
+        catches="Anything in a checkpoint root other than canonical step-<N> folders (N in "
+        "decimal without leading zeros), trainguard's temp folders, quarantine/ and attic/: "
+        "step-old, step-20.bak, step-0020, a file named step-5, a symlinked step folder.",
+        why="A hand-made copy such as step-0020 must not stand in for step 20, and junk must "
+        "never crash a resume or a report; ignoring it silently would hide a copy someone "
+        "meant to keep.",
+        fix="Nothing to do for the run: the entry is ignored and left in place. Move it out of "
+        "the checkpoint folder if it is not needed there.",
+        false_positives="Files you keep next to the checkpoints on purpose.",
+        references=_CHECKSUMS,
+    ),
+    Code(
+        code="C111",
+        title="Checkpoint verifies but cannot be loaded",
+        severity="error",
+        catches="A checkpoint whose files match their checksums but do not load: optimizer.pt or "
+        "rng.pt holding pickled Python objects (trainguard loads tensors only), trainer.json or "
+        "loader.json that is not valid or not what trainguard writes, weights or optimizer "
+        "moments whose tensor shapes differ from the model. The finding names the file.",
+        why="A manifest can be rewritten to bless any content; loading a pickle would run "
+        "arbitrary code, and a crash on load leaves the run unable to resume from anything.",
+        fix="The loader falls back to the previous checkpoint and the next save moves the step "
+        "to checkpoints/quarantine/. Never unpickle such a file to get at its contents (that "
+        "runs whatever code it holds): find out what wrote it.",
+        false_positives="A checkpoint written by a different model or optimizer configuration "
+        "(resume with the run's own recipe).",
+        references=(
+            "PyTorch docs, torch.load: weights_only=True restricts unpickling to tensors and "
+            "primitive types",
+        ),
+    ),
+    Code(
+        code="C112",
+        title="Checkpoint that failed verification moved to quarantine",
+        severity="info",
+        catches="Retention (or a save of the same step) moved a step that failed verification "
+        "or loading to checkpoints/quarantine/step-<N>/ (quarantine/ under the root URL on "
+        "object storage) instead of deleting it.",
+        why="The damaged copy is the evidence of what went wrong (a disk, a copy tool, an "
+        "edit); deleting it loses that, and the scan never loads from quarantine/.",
+        fix="Nothing to do for the run. quarantine/ keeps the damaged copies until you have "
+        "found the cause; trainguard never loads from it nor clears it.",
+        references=_CHECKSUMS,
+    ),
+    Code(
+        code="C113",
+        title="Run started over on purpose (--fresh)",
+        severity="info",
+        catches="`trainguard run --fresh` moved the run dir's previous contents (metrics, "
+        "checkpoints, reports) to RUN_DIR/attic/<timestamp>/, and the step folders of an "
+        "external checkpoint.dir to its attic/<timestamp>/, before starting from step 0.",
+        why="Starting over must be explicit and must never destroy the previous run's history.",
+        fix="Nothing to do; the previous run is in the folder the finding names.",
+        references=_POSIX,
     ),
     Code(
         code="C201",
@@ -152,7 +253,8 @@ register(
         "upload that was killed before its commit marker.",
         why="It is never loaded (correct), but it wastes storage and tells of writers dying "
         "mid-upload.",
-        fix="Nothing to do: retention deletes it once a newer checkpoint is verified.",
+        fix="Nothing to do: it is an upload that never committed (like a local temp folder), "
+        "so retention removes it once a newer checkpoint is verified.",
         references=_BACKOFF,
     ),
     Code(

@@ -29,8 +29,9 @@ register(
         why="Memory-mapped shards are read without parsing: a flipped byte or a truncated file "
         "becomes wrong tokens or a shorter stream, and the run trains on garbage without any "
         "error.",
-        fix="Delete the prepared folder named in the message and run again; the data is "
-        "re-prepared from the source. Check the disk if it happens twice.",
+        fix="Move the prepared folder named in the message aside (mv DIR DIR.bad, kept as "
+        "evidence) and run again; the data is re-prepared from the source. Check the disk if "
+        "it happens twice.",
         references=("OLMo-core data loader: checksummed numpy token files",),
     ),
     Code(
@@ -41,7 +42,8 @@ register(
         "self-checksum does not match) or written by another format version.",
         why="The manifest is what every checksum is compared to; an edited manifest could bless "
         "damaged shards, a truncated one says nothing about them.",
-        fix="Delete the prepared folder named in the message and run again.",
+        fix="Move the prepared folder named in the message aside (mv DIR DIR.bad) and run "
+        "again; the data is re-prepared from the source.",
     ),
     Code(
         code="D104",

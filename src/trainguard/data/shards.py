@@ -166,7 +166,8 @@ def raise_if_corrupt(findings: list[Finding], folder: Path) -> None:
         more = f" (and {len(findings) - 1} more problems)" if len(findings) > 1 else ""
         raise CorruptError(
             findings[0].message + more,
-            f"delete {folder} and run again: the data is re-prepared from the source",
+            f"move {folder} aside (mv {folder} {folder}.bad) and run again: the data is "
+            "re-prepared from the source",
         )
 
 

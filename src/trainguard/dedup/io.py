@@ -185,7 +185,7 @@ def check_output(
     if out_path.is_dir() and not folder_ok:
         raise BadInputError(
             f"--out {out_path} is a folder; the local engine writes one file",
-            "give --out a file name, or remove the folder (a Spark engine output)",
+            "give --out a file name (the folder may be a Spark engine output)",
         )
     if (
         out_path.exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,14 @@ def ensure_writable(run_dir: Path) -> None:
     """Create the run dir and prove we can write there, before any expensive work."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
+        # mkstemp: an unpredictable name opened with O_EXCL, so a planted symlink is never
+        # followed.
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=run_dir)
+        try:
+            os.write(fd, b"ok")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
         reason = os.strerror(e.errno) if e.errno else str(e)
         hint = "free some space" if e.errno == errno.ENOSPC else "choose a writable folder"
