@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -225,23 +226,26 @@ def _fake_run_dir(tmp_path, tok, model):
     """A run dir laid out as trainguard writes it: tokenizer, recipe, checkpoints/step-N/."""
     from safetensors.torch import save_model
 
+    from trainguard.checkpoint import CheckpointStore
     from trainguard.config.load import recipe_to_dict, validate_recipe
     from trainguard.data.tokenizer import save_tokenizer
 
     run = tmp_path / "run"
-    ckpt = run / "checkpoints" / "step-200"
-    ckpt.mkdir(parents=True)
+    run.mkdir()
     save_tokenizer(tok, run / "tokenizer.json")
     recipe = validate_recipe(
         {"model": {"n_layers": 1, "d_model": 32, "n_heads": 2}, "data": {"seq_len": SEQ}}
     )
     text = yaml.safe_dump(recipe_to_dict(recipe))
     (run / "recipe.yaml").write_text(text)
-    (ckpt / "recipe.yaml").write_text(text)
-    save_model(model, str(ckpt / "model.safetensors"))
-    (ckpt / "manifest.json").write_text("{}")
-    # An interrupted save (no manifest) at a later step must be ignored.
-    (run / "checkpoints" / "step-300").mkdir()
+
+    def write(folder: Path) -> None:
+        (folder / "recipe.yaml").write_text(text)
+        save_model(model, str(folder / "model.safetensors"))
+
+    ckpt = Path(CheckpointStore(str(run / "checkpoints")).save(200, write).location)
+    # An interrupted save (a temp folder, no manifest) at a later step must be ignored.
+    (run / "checkpoints" / ".tmp-step-300-abc-999999").mkdir()
     return run, ckpt
 
 

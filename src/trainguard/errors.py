@@ -49,6 +49,18 @@ class ResumeMismatchError(BadInputError):
     """The run dir holds a run of a different recipe."""
 
 
+class NoUsableCheckpoint(TrainguardError):
+    """Checkpoints exist but none verifies or loads: a run refuses to start over silently.
+
+    `findings` holds what was found (C107 lists every step and why)."""
+
+    exit_status = EXIT_FINDINGS
+
+    def __init__(self, message: str, fix: str = "", findings: list | None = None) -> None:
+        super().__init__(message, fix)
+        self.findings = findings or []
+
+
 class RunHalted(TrainguardError):
     """A guard decided to halt the run (too many rollbacks, an unrecoverable fault)."""
 

@@ -33,10 +33,15 @@ EMBEDDING_KEYS = (
 )
 
 
-def load_embedding(checkpoint: str | Path, key: str | None = None) -> tuple[np.ndarray, str]:
-    """(weight as float64 (V, d), key) from a model.safetensors file or a folder holding one."""
-    from safetensors import safe_open
+class UnreadableWeights(BadInputError):
+    """The file is not a readable safetensors file (truncated, damaged, something else)."""
 
+
+def load_embedding(checkpoint: str | Path, key: str | None = None) -> tuple[np.ndarray, str]:
+    """(weight as float64 (V, d), key) from a model.safetensors file or a folder holding one.
+
+    The file is read as is: for a trainguard checkpoint, verify it first
+    (`checkpoint.target.open_checkpoint`, as `check-tokenizer --checkpoint` does)."""
     path = Path(checkpoint)
     if path.is_dir():
         path = path / "model.safetensors"
@@ -45,6 +50,20 @@ def load_embedding(checkpoint: str | Path, key: str | None = None) -> tuple[np.n
             f"no safetensors checkpoint at {path}",
             "give a model.safetensors file or a checkpoint folder (step-<N>/) holding one",
         )
+    try:
+        return _read_embedding(path, key)
+    except BadInputError:
+        raise
+    except Exception as e:  # safetensors' own errors: a damaged header, a short file
+        raise UnreadableWeights(
+            f"{path} is not a readable safetensors file: {str(e).strip()[:300]}",
+            "give an intact model.safetensors (copy it again from its source)",
+        ) from None
+
+
+def _read_embedding(path: Path, key: str | None) -> tuple[np.ndarray, str]:
+    from safetensors import safe_open
+
     with safe_open(str(path), framework="pt") as f:
         keys = list(f.keys())
         if key is None:

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from itertools import islice
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from trainguard.cli.common import console, emit, handle_errors
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from trainguard.checkpoint.results import LoadedCheckpoint
+    from trainguard.findings import Finding
 
 
 def register(app: typer.Typer) -> None:
@@ -49,7 +55,7 @@ def register(app: typer.Typer) -> None:
         """Audit a tokenizer: vocabulary round trip, unseen tokens, whitespace merges, text
         round trip, end-of-text handling; with --checkpoint, under-trained tokens."""
         from trainguard.checks.tokenizer_audit import audit_tokenizer, load_tokenizer_file
-        from trainguard.checks.undertrained import load_embedding, undertrained_tokens
+        from trainguard.checks.undertrained import undertrained_tokens
         from trainguard.filters.records import iter_records
 
         tok = load_tokenizer_file(tokenizer)
@@ -76,13 +82,51 @@ def register(app: typer.Typer) -> None:
         )
         findings, extra = audit.findings, {"stats": audit.stats}
         if checkpoint is not None:
-            weight, key = load_embedding(checkpoint, embedding_key)
-            refs = sorted(set(audit.unreachable_ids) | set(audit.unseen_ids))
-            f_under, s_under = undertrained_tokens(weight, tok, reference_ids=refs)
-            findings = findings + f_under
-            extra["undertrained"] = {"embedding_key": key, **s_under}
+            found, weights = _checkpoint_embedding(checkpoint, embedding_key)
+            findings = findings + found
+            if weights is not None:
+                (weight, key), source = weights
+                refs = sorted(set(audit.unreachable_ids) | set(audit.unseen_ids))
+                f_under, s_under = undertrained_tokens(weight, tok, reference_ids=refs)
+                findings = findings + f_under
+                extra["undertrained"] = {"embedding_key": key, "checkpoint": source, **s_under}
         if not as_json:
             console.print(
                 ", ".join(f"{k}={v}" for k, v in audit.stats.items()), soft_wrap=True, markup=False
             )
         emit(findings, as_json, extra=extra, title="check-tokenizer")
+
+
+def _checkpoint_embedding(
+    path: Path, key: str | None
+) -> tuple[list[Finding], tuple[tuple[np.ndarray, str], str] | None]:
+    """(findings, ((weight, key), source) or None) for --checkpoint.
+
+    A trainguard checkpoint (a step folder, a file inside one, or a run dir) goes through the
+    verified loader: a damaged one is a finding, a run dir falls back to the previous valid
+    checkpoint. Any other safetensors file (a model from elsewhere) is read as it is.
+    """
+    from trainguard.checkpoint.inventory import load_error_words, unloadable
+    from trainguard.checkpoint.target import is_checkpoint_folder, open_checkpoint
+    from trainguard.checks.undertrained import UnreadableWeights, load_embedding
+
+    folder = path.parent if path.is_file() else path
+    run_dir = path.is_dir() and (
+        (path / "checkpoints").is_dir() or (path / "recipe.yaml").is_file()
+    )
+    if not (is_checkpoint_folder(folder) or run_dir):
+        return [], (load_embedding(path, key), str(path))
+    got: dict[str, tuple[np.ndarray, str]] = {}
+
+    def usable(loaded: LoadedCheckpoint) -> list[Finding]:
+        file = path.name if path.is_file() else "model.safetensors"
+        try:
+            got["weights"] = load_embedding(loaded.path / file, key)
+        except UnreadableWeights as e:
+            return [unloadable(loaded.step, loaded.path, file, load_error_words(e))]
+        return []
+
+    loaded, findings = open_checkpoint(folder if path.is_file() else path, usable)
+    if loaded is None:
+        return findings, None
+    return findings, (got["weights"], str(loaded.path))

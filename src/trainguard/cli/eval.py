@@ -46,16 +46,19 @@ def eval_run(
 ) -> None:
     """Run the evals and canaries on a run dir or checkpoint; `eval PATH` is short for this."""
     from trainguard.evals.config import EvalsConfig
-    from trainguard.evals.load import find_checkpoint, load_model_for_eval
+    from trainguard.evals.load import open_for_eval
     from trainguard.evals.runner import run_evals
 
-    model, tokenizer, recipe = load_model_for_eval(target, device=device)
+    opened = open_for_eval(target, device=device)
+    if opened.model is None:  # every candidate failed verification: the findings say why
+        emit(opened.findings, as_json, extra={"checkpoint": None}, title="Evals")
+    recipe = opened.recipe
     evals_cfg = getattr(recipe, "evals", None) or EvalsConfig()
     specs = list(spec) if spec else list(evals_cfg.specs)
     limit = max_examples if max_examples is not None else evals_cfg.max_examples
     res = run_evals(
-        model,
-        tokenizer,
+        opened.model,
+        opened.tokenizer,
         specs,
         device=device,
         max_examples=limit,
@@ -63,7 +66,7 @@ def eval_run(
         canaries=evals_cfg.canaries,
     )
     extra: dict[str, Any] = {
-        "checkpoint": str(find_checkpoint(target)),
+        "checkpoint": str(opened.checkpoint),
         "metrics": res.metrics,
         "examples": res.examples,
         "seconds": round(res.seconds, 3),
@@ -73,7 +76,7 @@ def eval_run(
 
         for k, v in sorted(res.metrics.items()):
             console.print(f"{k:40s} {v:.4f}")
-    emit(res.findings, as_json, extra=extra, title="Evals")
+    emit(opened.findings + res.findings, as_json, extra=extra, title="Evals")
 
 
 @eval_app.command("lint")

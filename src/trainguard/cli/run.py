@@ -51,6 +51,15 @@ def register(app: typer.Typer) -> None:
                 "(a hung rank exits 3); each restart resumes from the last checkpoint.",
             ),
         ] = 0,
+        fresh: Annotated[
+            bool,
+            typer.Option(
+                "--fresh",
+                help="Start over at step 0 on purpose: the run dir's previous contents move to "
+                "RUN_DIR/attic/<timestamp>/ (and an external checkpoint.dir's steps to its "
+                "attic/); nothing is deleted.",
+            ),
+        ] = False,
     ) -> None:
         """Prepare data, run pre-flight checks, train with verified checkpoints and auto-resume,
         evaluate, and write a report. Running it again in the same run dir resumes."""
@@ -70,6 +79,11 @@ def register(app: typer.Typer) -> None:
                     "use a process count that divides train.batch_size (the global batch must "
                     "not depend on the process count)",
                 )
+            if fresh:  # here, once, before any worker looks at the run dir
+                from trainguard.train.restore import start_fresh
+
+                for f in start_fresh(resolved, folder):
+                    console.print(f"{f.code}: {f.message}", markup=False, soft_wrap=True)
             worker = ["run", recipe, "--run-dir", str(folder)]
             for o in overrides or []:
                 worker += ["--set", o]
@@ -77,7 +91,9 @@ def register(app: typer.Typer) -> None:
             worker += ["--quiet"] if quiet else []
             worker += ["--no-evals"] if no_evals else []
             raise typer.Exit(launch(nproc, worker, max_restarts))
-        result = run_recipe(resolved, folder, progress=not (quiet or as_json), evals=not no_evals)
+        result = run_recipe(
+            resolved, folder, progress=not (quiet or as_json), evals=not no_evals, fresh=fresh
+        )
         if int(os.environ.get("RANK", "0")) != 0:
             raise typer.Exit(EXIT_OK)  # rank 0 speaks for the job
         # The run finished: faults it met were handled by its guards (they are in the findings

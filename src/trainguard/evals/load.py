@@ -1,11 +1,14 @@
-"""Load a run's model for evaluation: a run dir (newest complete checkpoint) or a checkpoint.
+"""Load a run's model for evaluation: a run dir (newest usable checkpoint) or a checkpoint.
 
-Weights come from `model.safetensors` only: never unpickle (DESIGN.md, convention 10).
+Checkpoints go through the verified loader (`checkpoint.target.open_checkpoint`): a damaged
+checkpoint is a finding (C101-C111), a run dir falls back to the previous valid one, and a
+single damaged checkpoint gives no model at all. Weights come from `model.safetensors` only:
+never unpickle (DESIGN.md, convention 10).
 """
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,37 +16,25 @@ import torch
 import yaml
 from safetensors.torch import load_model
 
-from trainguard.errors import BadInputError
+from trainguard.checkpoint.inventory import load_error_words, unloadable
+from trainguard.checkpoint.results import LoadedCheckpoint
+from trainguard.checkpoint.target import open_checkpoint
+from trainguard.errors import BadInputError, CorruptError
+from trainguard.findings import Finding
 
-_STEP = re.compile(r"^step-(\d+)$")
+MODEL_FILE = "model.safetensors"
 
 
-def _complete(folder: Path) -> bool:
-    # The manifest is written last: a step folder without one is an interrupted save.
-    return (folder / "manifest.json").is_file() and (folder / "model.safetensors").is_file()
+@dataclass
+class EvalTarget:
+    """The model to evaluate (None when no checkpoint was usable), its tokenizer and recipe,
+    the checkpoint folder it came from, and the findings of the verification."""
 
-
-def find_checkpoint(path: str | Path) -> Path:
-    """The checkpoint folder `path` names: itself, or the newest complete one of a run dir."""
-    path = Path(path)
-    if not path.exists():
-        raise BadInputError(f"{path} does not exist", "give a run dir or a checkpoint step-<N>/")
-    if (path / "model.safetensors").is_file():
-        return path
-    ckpts = path / "checkpoints"
-    steps = []
-    if ckpts.is_dir():
-        for child in ckpts.iterdir():
-            m = _STEP.match(child.name)
-            if m and _complete(child):
-                steps.append((int(m.group(1)), child))
-    if not steps:
-        raise BadInputError(
-            f"{path} has no complete checkpoint (checkpoints/step-<N>/ with model.safetensors "
-            "and manifest.json)",
-            "train the run first, or point at a checkpoint folder",
-        )
-    return max(steps)[1]
+    model: torch.nn.Module | None
+    tokenizer: Any
+    recipe: Any
+    checkpoint: Path | None
+    findings: list[Finding]
 
 
 def _find_up(start: Path, name: str, levels: int = 3) -> Path | None:
@@ -53,35 +44,55 @@ def _find_up(start: Path, name: str, levels: int = 3) -> Path | None:
     return None
 
 
-def load_model_for_eval(
-    run_dir_or_checkpoint: str | Path, device: str | torch.device = "cpu"
-) -> tuple[torch.nn.Module, Any, Any]:
-    """(model in eval mode, tokenizer, recipe) of a run dir's newest checkpoint or a checkpoint."""
+def open_for_eval(target: str | Path, device: str | torch.device = "cpu") -> EvalTarget:
+    """The recipe's model with the weights of the newest usable checkpoint of a run dir, or of
+    one checkpoint folder, in eval mode; BadInputError if the recipe or tokenizer is missing."""
     from trainguard.config.load import validate_recipe
     from trainguard.data.tokenizer import load_tokenizer
     from trainguard.model.gpt import GPT
 
-    ckpt = find_checkpoint(run_dir_or_checkpoint)
-    recipe_path = _find_up(ckpt, "recipe.yaml")
-    tok_path = _find_up(ckpt, "tokenizer.json")
+    target = Path(target)
+    if not target.exists():
+        raise BadInputError(f"{target} does not exist", "give a run dir or a checkpoint step-<N>/")
+    recipe_path = _find_up(target, "recipe.yaml")
+    tok_path = _find_up(target, "tokenizer.json")
     if recipe_path is None or tok_path is None:
         missing = "recipe.yaml" if recipe_path is None else "tokenizer.json"
         raise BadInputError(
-            f"no {missing} in {ckpt} or the run dir above it",
+            f"no {missing} in {target} or the run dir above it",
             "evaluate a checkpoint inside its run dir (trainguard writes both there)",
         )
     raw = yaml.safe_load(recipe_path.read_text(encoding="utf-8")) or {}
     recipe = validate_recipe(raw, str(recipe_path))
     tokenizer = load_tokenizer(tok_path)
     model = GPT(recipe.model, vocab_size=tokenizer.get_vocab_size(), seq_len=recipe.data.seq_len)
-    try:
-        # load_model, not load_file + load_state_dict: it restores tied weights (wte/lm_head)
-        # that safetensors stores once.
-        load_model(model, str(ckpt / "model.safetensors"))
-    except RuntimeError as e:
-        raise BadInputError(
-            f"{ckpt / 'model.safetensors'} does not fit the recipe's model: {e}",
-            "evaluate the checkpoint with the recipe.yaml and tokenizer.json of its own run",
-        ) from None
+
+    def usable(loaded: LoadedCheckpoint) -> list[Finding]:
+        try:
+            # load_model, not load_file + load_state_dict: it restores tied weights (wte and
+            # lm_head) that safetensors stores once. A shape error leaves the model partly
+            # loaded; the next candidate is loaded in full (strict) over it.
+            load_model(model, str(loaded.path / MODEL_FILE), strict=True)
+        except Exception as e:
+            return [unloadable(loaded.step, loaded.path, MODEL_FILE, load_error_words(e))]
+        return []
+
+    loaded, findings = open_checkpoint(target, usable)
+    if loaded is None:
+        return EvalTarget(None, tokenizer, recipe, None, findings)
     model.to(device).eval()
-    return model, tokenizer, recipe
+    return EvalTarget(model, tokenizer, recipe, loaded.path, findings)
+
+
+def load_model_for_eval(
+    run_dir_or_checkpoint: str | Path, device: str | torch.device = "cpu"
+) -> tuple[torch.nn.Module, Any, Any]:
+    """(model in eval mode, tokenizer, recipe); CorruptError when no checkpoint is usable."""
+    opened = open_for_eval(run_dir_or_checkpoint, device)
+    if opened.model is None:
+        raise CorruptError(
+            f"no usable checkpoint in {run_dir_or_checkpoint}: "
+            + "; ".join(f.message for f in opened.findings if f.severity == "error"),
+            "evaluate another checkpoint, or restore this one from a copy",
+        )
+    return opened.model, opened.tokenizer, opened.recipe

@@ -14,6 +14,10 @@ from typing import Any
 
 import yaml
 
+from trainguard.checkpoint.folder import inspect_local_folder
+from trainguard.checkpoint.local import scan_root
+from trainguard.checkpoint.manifest import step_dirname
+from trainguard.checkpoint.target import run_checkpoint_root
 from trainguard.errors import BadInputError
 from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
 from trainguard.report import plots
@@ -31,19 +35,39 @@ th{background:#f4f4f4} .error{color:#b00020;font-weight:600} .warning{color:#a15
 """
 
 
-def _checkpoints(run_dir: Path, recipe: dict[str, Any]) -> list[dict[str, Any]]:
-    root = Path((recipe.get("checkpoint") or {}).get("dir") or run_dir / "checkpoints")
+def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
+    """Every entry of a local checkpoint root: step folders verified in full (checksums
+    included), anything else listed as ignored (C110). Never raises on what is in there."""
+    root = run_checkpoint_root(run_dir)
+    if "://" in root and not root.startswith("file://"):
+        return []  # an object store: listing it is `trainguard eval`'s job, not the report's
+    root_path = Path(root.removeprefix("file://"))
+    steps, ignored = scan_root(root_path)
     rows = []
-    if "://" in str(root) or not root.is_dir():
-        return rows
-    for folder in sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1])):
-        manifest = folder / "manifest.json"
-        try:
-            doc = json.loads(manifest.read_text())
-            size = sum(f["size"] for f in doc["files"].values())
-            rows.append({"step": doc["step"], "path": str(folder), "bytes": size, "valid": True})
-        except (OSError, ValueError, KeyError, TypeError):
-            rows.append({"step": folder.name, "path": str(folder), "bytes": 0, "valid": False})
+    for step in sorted(steps):
+        folder = root_path / step_dirname(step)
+        manifest, findings = inspect_local_folder(folder, step)
+        errors = [f for f in findings if f.severity == "error"]
+        size = sum(e["size"] for e in manifest["files"].values()) if manifest else 0
+        rows.append(
+            {
+                "step": step,
+                "path": str(folder),
+                "bytes": size,
+                "valid": not errors,
+                "problem": "; ".join(f"{f.code} {f.message}" for f in errors),
+            }
+        )
+    for name, why in ignored:
+        rows.append(
+            {
+                "step": name,
+                "path": str(root_path / name),
+                "bytes": 0,
+                "valid": False,
+                "problem": f"C110 ignored, not a checkpoint: {why}",
+            }
+        )
     return rows
 
 
@@ -68,7 +92,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "findings": [r for r in rows if r.get("kind") == "finding"],
         "events": events,
         "env": env,
-        "checkpoints": _checkpoints(run_dir, recipe),
+        "checkpoints": _checkpoints(run_dir),
     }
 
 
@@ -158,9 +182,15 @@ def render_html(info: dict[str, Any]) -> str:
     parts.append("<h2>Checkpoints</h2>")
     parts.append(
         _table(
-            ["step", "valid", "MB", "path"],
+            ["step", "valid", "MB", "path", "problem"],
             [
-                [_fmt(c["step"]), _fmt(c["valid"]), f"{c['bytes'] / 1e6:.1f}", _fmt(c["path"])]
+                [
+                    _fmt(c["step"]),
+                    _fmt(c["valid"]),
+                    f"{c['bytes'] / 1e6:.1f}",
+                    _fmt(c["path"]),
+                    _fmt(c["problem"]),
+                ]
                 for c in info["checkpoints"]
             ],
         )
@@ -187,7 +217,9 @@ def render_markdown(info: dict[str, Any]) -> str:
         lines.append(f"- **{f['code']}** {f['severity']}{at}: {f['message']}")
     lines += ["", "## Checkpoints", ""]
     lines += [
-        f"- step {c['step']}: {'valid' if c['valid'] else 'INVALID'}" for c in info["checkpoints"]
+        (f"- step {c['step']}: " if isinstance(c["step"], int) else f"- {c['step']}: ")
+        + ("valid" if c["valid"] else f"INVALID ({c['problem']})")
+        for c in info["checkpoints"]
     ]
     lines += ["", "Plots and the environment are in report.html.", ""]
     return "\n".join(lines)

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from trainguard.errors import RunHalted
 from trainguard.guard import Decision
 from trainguard.train.loop import StepResult
-from trainguard.train.state import read_checkpoint_files
+from trainguard.train.restore import choose_checkpoint
+from trainguard.train.state_load import apply_checkpoint
 
 if TYPE_CHECKING:
     from trainguard.train.run import RunSession
@@ -61,16 +62,18 @@ def rerun_to_classify(
 
 def rollback(session: RunSession, decision: Decision, positions: StepPositions) -> None:
     """Return to the newest valid checkpoint and skip the batches of the bad steps."""
-    loaded = session.store.load_latest()
-    if loaded is None:
+    chosen = choose_checkpoint(session.store, session.model, session.optimizer)
+    loaded, content = chosen.loaded, chosen.content
+    if loaded is None or content is None:
+        why = "; ".join(f.message for f in chosen.findings if f.code == "C107")
         raise RunHalted(
             f"the guard asked for a rollback at step {decision.step} but there is no valid "
-            "checkpoint to return to",
+            "checkpoint to return to" + (f" ({why})" if why else ""),
             "lower checkpoint.interval so a good state is on disk, or lower train.lr",
         )
     counters = session.guard.state_dict()  # the rollback count must survive the restore
     previous_skips = session.state.skipped_positions
-    state, _ = read_checkpoint_files(loaded.path, session.model, session.optimizer)
+    state, _ = apply_checkpoint(content, loaded.path, session.model, session.optimizer)
     global_batch = session.trainer.global_batch
     new_skips = [
         [pos, pos + global_batch]
@@ -82,7 +85,7 @@ def rollback(session: RunSession, decision: Decision, positions: StepPositions) 
     session.state = state
     session.guard.load_state_dict(counters)
     session.guard.after_rollback(state.guard)
-    session.record(loaded.findings)
+    session.record(chosen.findings)
     session.log_event(
         "rollback",
         from_step=decision.step,

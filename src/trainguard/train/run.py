@@ -32,8 +32,10 @@ from trainguard.train.loop import Trainer, World
 from trainguard.train.metrics import ProgressDisplay, unlogged_hang_reports
 from trainguard.train.multiproc import MultiProcessGuards
 from trainguard.train.optim import build_optimizer
+from trainguard.train.restore import Chosen, choose_checkpoint, refuse_if_none_usable, start_fresh
 from trainguard.train.shared_store import checkpoint_root, open_store
-from trainguard.train.state import TrainerState, read_checkpoint_files, write_checkpoint_files
+from trainguard.train.state import TrainerState, write_checkpoint_files
+from trainguard.train.state_load import apply_checkpoint
 
 
 @dataclass
@@ -109,17 +111,22 @@ class RunSession:
         self.data = prepare_data(
             self.recipe.data, self.recipe.tokenizer, progress=self.progress_enabled and self.is_main
         )
+        self.model = build_model(self.recipe, self.data.vocab_size, self.device)
+        self.optimizer = build_optimizer(self.recipe, self.model)
+        # Before anything is written: checkpoints that exist but cannot be used stop the run
+        # here, with metrics.jsonl and the checkpoint folders untouched. Loading waits for
+        # resume(), after pre-flight (whose random draws must not touch the restored RNGs).
+        self.store = open_store(self.recipe, self.run_dir, self.dist)
+        self.chosen = choose_checkpoint(self.store, self.model, self.optimizer)
+        refuse_if_none_usable(self.chosen)
         if self.is_main:
             rundir.write_recipe(self.run_dir, self.recipe_dict)
             shutil.copyfile(self.data.tokenizer_path, self.run_dir / "tokenizer.json")
         self.evals.attach_data()
-        self.model = build_model(self.recipe, self.data.vocab_size, self.device)
-        self.optimizer = build_optimizer(self.recipe, self.model)
         # DDP (several processes) broadcasts rank 0's initial weights; None for one process.
         self.ddp = self.dist.wrap(self.model, self.recipe.train.precision)
         if self.recipe.preflight.enabled:
             self.preflight()
-        self.store = open_store(self.recipe, self.run_dir, self.dist)
 
     def preflight(self) -> None:
         from trainguard.train.preflight import run_preflight
@@ -142,8 +149,8 @@ class RunSession:
                 self.metrics.write({"kind": "finding", **f.to_dict()})
 
     def resume(self) -> None:
-        """Continue from the newest valid checkpoint, falling back past corrupt ones."""
-        loaded = self.store.load_latest()
+        """Continue from the checkpoint `setup` chose: the newest one that verifies and loads."""
+        loaded, content = self.chosen.loaded, self.chosen.content
         step = loaded.step if loaded is not None else 0
         dropped = self.metrics.truncate_after(step) if self.is_main else []
         # Steps a crash threw away are recomputed; they must read the very same batches (D110).
@@ -151,11 +158,12 @@ class RunSession:
             r["step"]: r["batch_hash"] for r in dropped if r.get("kind") == "step"
         }
         self.record_earlier_hangs()
-        if loaded is None:
+        self.record(self.chosen.findings)  # damaged steps passed over, junk in the folder
+        if loaded is None or content is None:
             return
-        self.state, saved_env = read_checkpoint_files(loaded.path, self.model, self.optimizer)
+        self.state, saved_env = apply_checkpoint(content, loaded.path, self.model, self.optimizer)
+        self.chosen = Chosen(loaded, None)  # the read state is in the model now: free it
         self.resumed_from = self.state.step
-        self.record(loaded.findings)
         self.record(drift_findings(saved_env, self.env, self.state.step))
         recorded = (loaded.manifest.get("meta") or {}).get("data_identity")
         if recorded is not None:
@@ -367,17 +375,23 @@ def run_recipe(
     faults: FaultPlan | None = None,
     report: bool = True,
     evals: bool = True,
+    fresh: bool = False,
 ) -> RunResult:
     """The whole guarded run. Resumes automatically when the run dir has checkpoints.
 
-    `evals=False` trains without use-case evals on purpose (`trainguard run --no-evals`).
+    `evals=False` trains without use-case evals on purpose (`trainguard run --no-evals`);
+    `fresh=True` first moves the previous run aside (`start_fresh`) and starts at step 0.
     """
     dist = init_distributed(recipe.distributed, recipe.train.batch_size)
+    moved = start_fresh(recipe, Path(run_dir)) if fresh and dist.world.rank == 0 else []
+    if fresh:
+        dist.barrier()  # no rank looks at the run dir before rank 0 has cleared it
     session = RunSession(
         recipe, Path(run_dir), progress=progress, faults=faults, dist=dist, evals=evals
     )
     try:
         session.setup()
+        session.record(moved)
         session.resume()
         session.train()
         session.log_event("end", **session.last_eval)

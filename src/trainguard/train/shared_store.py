@@ -9,6 +9,7 @@ would resume from a different step than its peers and the replicas would silentl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from trainguard.checkpoint.fsurl import default_cache_dir
 from trainguard.checkpoint.results import LoadedCheckpoint
 from trainguard.checkpoint.store import CheckpointStore, _is_url
 from trainguard.config.schema import Recipe
+from trainguard.errors import CorruptError
+from trainguard.findings import Finding, has_errors
 from trainguard.train.distributed import Dist
 
 
@@ -26,14 +29,32 @@ class SharedStore:
         self.store = store
         self.dist = dist
 
-    def load_latest(self) -> LoadedCheckpoint | None:
+    def load_latest(
+        self, usable: Callable[[LoadedCheckpoint], list[Finding]] | None = None
+    ) -> LoadedCheckpoint | None:
         if not self.dist.active:
-            return self.store.load_latest()
-        loaded = self.store.load_latest() if self.dist.world.rank == 0 else None
-        step = self.dist.broadcast_object(loaded.step if loaded is not None else None)
+            return self.store.load_latest(usable)
+        loaded = self.store.load_latest(usable) if self.dist.world.rank == 0 else None
+        # Rank 0's choice, and its C107 when nothing is usable: every rank refuses alike.
+        refusal = [f.to_dict() for f in self.store.last_findings if f.code == "C107"]
+        step, refusal = self.dist.broadcast_object(
+            (loaded.step if loaded is not None else None, refusal)
+        )
         if self.dist.world.rank == 0:
             return loaded
-        return None if step is None else self.store.load(step)
+        if step is None:
+            self.store.last_findings = [Finding.from_dict(d) for d in refusal]
+            return None
+        loaded = self.store.load(step)
+        problems = usable(loaded) if usable is not None else []
+        if has_errors(problems):  # the bytes rank 0 accepted: this should never happen
+            raise CorruptError(
+                f"rank {self.dist.world.rank} cannot load checkpoint step {step} that rank 0 "
+                "chose: " + "; ".join(f.message for f in problems),
+                "check that every rank sees the same checkpoint storage",
+            )
+        loaded.findings += problems
+        return loaded
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)

@@ -1,4 +1,4 @@
-"""Serialise the training state into checkpoint files and back.
+"""Serialise the training state into checkpoint files (train/state_load.py reads them back).
 
 Weights go to safetensors and everything else to JSON or tensors-only `torch.save` files that
 load with `weights_only=True`: nothing in a checkpoint is ever unpickled (DESIGN.md, convention 10).
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors.torch import load_model, save_model
+from safetensors.torch import save_model
 
 from trainguard.data.order import LoaderState
 from trainguard.train.optim import Optimizer
@@ -96,35 +96,3 @@ def write_checkpoint_files(
 def _py_random_state() -> list[Any]:
     version, internal, gauss = random.getstate()
     return [version, list(internal), gauss]
-
-
-def read_checkpoint_files(
-    folder: Path, model: torch.nn.Module, optimizer: Optimizer | None
-) -> tuple[TrainerState, dict[str, Any]]:
-    """Load a verified checkpoint folder into `model` and `optimizer`; restore the RNGs.
-
-    Returns the trainer state and the environment fingerprint the checkpoint was written with.
-    """
-    missing, unexpected = load_model(model, str(folder / MODEL_FILE), strict=True)
-    assert not missing and not unexpected  # strict=True raises first; kept for the reader
-    if optimizer is not None:
-        optimizer.load_state_dict(torch.load(folder / OPTIMIZER_FILE, weights_only=True))
-    rng = torch.load(folder / RNG_FILE, weights_only=True)
-    torch.set_rng_state(rng["torch_cpu"])
-    if torch.cuda.is_available():
-        states = [rng[k] for k in sorted(rng) if k.startswith("torch_cuda_")]
-        if len(states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(states)
-    doc = json.loads((folder / TRAINER_FILE).read_text())
-    version, internal, gauss = doc.pop("python_random")
-    random.setstate((version, tuple(internal), gauss))
-    trainer = TrainerState(
-        step=doc["step"],
-        tokens_seen=doc["tokens_seen"],
-        loader=LoaderState.from_dict(json.loads((folder / LOADER_FILE).read_text())),
-        skipped_positions=doc.get("skipped_positions", []),
-        guard=doc.get("guard", {}),
-        evals=doc.get("evals", {}),
-    )
-    env = json.loads((folder / ENV_FILE).read_text())
-    return trainer, env
