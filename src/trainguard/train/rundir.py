@@ -4,8 +4,10 @@ RUN_DIR/
   recipe.yaml       the resolved recipe (train.max_steps updated on resume)
   tokenizer.json    the tokenizer the run trains with
   metrics.jsonl     step, eval, finding and event rows
-  checkpoints/      step-<N>/ verified checkpoints (unless checkpoint.dir points elsewhere)
+  checkpoints/      step-<N>/ verified checkpoints (unless checkpoint.dir points elsewhere);
+                    quarantine/ holds steps that failed verification (never deleted)
   report.html, report.md
+  attic/<time>/     a previous run, set aside by `trainguard run --fresh`
 """
 
 from __future__ import annotations
