@@ -138,8 +138,17 @@ class RemoteBackend:
         """Copy step `step` to `<root>/<dest>/` (or `<dest>.1`, ...), manifest last, then
         remove it, manifest first: at every moment one of the two copies is whole."""
         names = sorted(self._listing().get(step, {}), key=lambda n: (n == MANIFEST, n))
+
+        def taken(rel: str) -> bool:
+            with contextlib.suppress(Exception):
+                self.fs.invalidate_cache(f"{self.root}/{rel}")
+            try:
+                return bool(self.fs.find(f"{self.root}/{rel}"))
+            except FileNotFoundError:
+                return False
+
         rel, n = dest, 0
-        while self._retry(lambda r=rel: self.fs.find(f"{self.root}/{r}"), f"list {dest}"):
+        while self._retry(lambda r=rel: taken(r), f"list {self.url}/{dest}"):
             n += 1
             rel = f"{dest}.{n}"
         for name in names:

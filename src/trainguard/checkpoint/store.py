@@ -321,6 +321,7 @@ class CheckpointStore:
                 self._rejected[step] = findings
                 skipped += findings
                 continue
+            self._rejected.pop(step, None)  # verified now (a cache or transfer problem passed)
             loaded.findings = notes + skipped + loaded.findings
             self.last_findings = loaded.findings
             return loaded

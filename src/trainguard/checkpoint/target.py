@@ -25,14 +25,18 @@ RUN_RECIPE = "recipe.yaml"
 Usable = Callable[[LoadedCheckpoint], list[Finding]]
 
 
-def run_checkpoint_root(run_dir: Path) -> str:
-    """Where a run dir's checkpoints live: its recipe's checkpoint.dir, else RUN_DIR/checkpoints."""
+def _checkpoint_section(run_dir: Path) -> dict:
     try:
         doc = yaml.safe_load((run_dir / RUN_RECIPE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         doc = None
     section = doc.get("checkpoint") if isinstance(doc, dict) else None
-    configured = section.get("dir") if isinstance(section, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def run_checkpoint_root(run_dir: Path) -> str:
+    """Where a run dir's checkpoints live: its recipe's checkpoint.dir, else RUN_DIR/checkpoints."""
+    configured = _checkpoint_section(run_dir).get("dir")
     return str(configured) if configured else str(run_dir / "checkpoints")
 
 
@@ -94,7 +98,8 @@ def open_checkpoint(
             f"{target} has no checkpoints ({root} does not exist)",
             "train the run first, or give a checkpoint folder (step-<N>/)",
         )
-    store = CheckpointStore(root)
+    options = _checkpoint_section(target).get("storage_options")
+    store = CheckpointStore(root, storage_options=options if isinstance(options, dict) else None)
     loaded = store.load_latest(usable)
     if loaded is not None:
         return loaded, loaded.findings

@@ -104,8 +104,12 @@ class RunSession:
         self.evals = RunEvals(self, enabled=evals)  # refuses a recipe with no use-case eval
 
     # -- phases -----------------------------------------------------------------------------
-    def setup(self) -> None:
+    def setup(self, fresh: bool = False) -> None:
         rundir.ensure_writable(self.run_dir)
+        if fresh:  # rank 0 sets the previous run aside; no rank looks at it before that
+            moved = start_fresh(self.recipe, self.run_dir) if self.is_main else []
+            self.dist.barrier()
+            self.record(moved)
         rundir.check_resume_recipe(self.run_dir, self.recipe_dict)
         set_determinism(self.recipe)
         self.data = prepare_data(
@@ -383,15 +387,11 @@ def run_recipe(
     `fresh=True` first moves the previous run aside (`start_fresh`) and starts at step 0.
     """
     dist = init_distributed(recipe.distributed, recipe.train.batch_size)
-    moved = start_fresh(recipe, Path(run_dir)) if fresh and dist.world.rank == 0 else []
-    if fresh:
-        dist.barrier()  # no rank looks at the run dir before rank 0 has cleared it
     session = RunSession(
         recipe, Path(run_dir), progress=progress, faults=faults, dist=dist, evals=evals
     )
     try:
-        session.setup()
-        session.record(moved)
+        session.setup(fresh=fresh)
         session.resume()
         session.train()
         session.log_event("end", **session.last_eval)
