@@ -22,7 +22,8 @@ def register(app: typer.Typer) -> None:
                 "--only",
                 help="Run only this drill (repeatable): nan, spike, kill_step, kill_checkpoint, "
                 "corrupt_checkpoint, hang, bitflip, shuffle, precision; multi-process: replica, "
-                "straggler, hung_rank. The clean run always runs.",
+                "straggler, hung_rank; doctor: doctor_bitflip, doctor_slow, "
+                "doctor_bad_allreduce, doctor_hang. The clean run always runs.",
             ),
         ] = None,
         workdir: Annotated[
@@ -50,8 +51,9 @@ def register(app: typer.Typer) -> None:
         """Fire drills: a clean run and one run per fault (NaN batch, loss spike, SIGKILL
         mid-step and mid-checkpoint, corrupted checkpoint, hang, bit flip, poor shuffle,
         low-precision reduction; with --nproc jobs: a corrupted replica, a straggler, a hung
-        rank), each checked for detection and recovery. Exit 0 when every
-        fault was detected and recovered and the clean run stayed quiet."""
+        rank; `trainguard doctor` jobs with a wrong result, a slow rank, a wrong all-reduce
+        contribution, a rank that never joins), each checked for detection and recovery.
+        Exit 0 when every fault was detected and recovered and the clean run stayed quiet."""
         from trainguard.drills.matrix import matrix_markdown, matrix_table, verdict
         from trainguard.drills.runner import DrillContext, DrillPlan, cleanup, run_drills
 

@@ -60,12 +60,22 @@ def register(app: typer.Typer) -> None:
                 "attic/); nothing is deleted.",
             ),
         ] = False,
+        doctor: Annotated[
+            bool,
+            typer.Option(
+                "--doctor",
+                help="Run `trainguard doctor --quick` on every rank before training starts "
+                "(recipe key preflight.doctor); an error stops the run.",
+            ),
+        ] = False,
     ) -> None:
         """Prepare data, run pre-flight checks, train with verified checkpoints and auto-resume,
         evaluate, and write a report. Running it again in the same run dir resumes."""
         from trainguard.config.load import load_recipe
         from trainguard.train.run import run_recipe
 
+        if doctor:
+            overrides = [*(overrides or []), "preflight.doctor=true"]
         resolved = load_recipe(recipe, overrides)  # bad recipes fail here, before any launch
         folder = run_dir or Path("runs") / resolved.name
         if nproc is not None:

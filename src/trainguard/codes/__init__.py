@@ -5,7 +5,8 @@ its own module (`codes/model.py` holds M-codes, ...); this module gathers them. 
 is generated from here by `python -m trainguard.codes`.
 
 Number ranges, so that parallel work never collides: M1xx model checks; N1xx numerics;
-H1xx single-process hardware and environment, H2xx multi-process replicas and stragglers;
+H1xx single-process hardware and environment, H2xx multi-process replicas and stragglers,
+H4xx `trainguard doctor` (H401-H430);
 R1xx in-run detectors, R2xx actions and watchdog, R3xx multi-process hangs,
 R4xx fire drills; C1xx checkpoints,
 C2xx object storage; D1xx corpus and shards, D2xx dedup and filters, D3xx shuffle quality;

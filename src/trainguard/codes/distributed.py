@@ -41,7 +41,9 @@ register(
         "chip slows every step of every rank, and the others only show it as time waiting in "
         "the all-reduce.",
         fix="Check the named host (thermal throttling, a failing device, a noisy neighbour, a "
-        "slow data path); restart the job without it if it persists.",
+        "slow data path): `trainguard doctor` on the job's nodes (under the same torchrun) "
+        "names a slow or throttled rank against the others; restart the job without it if it "
+        "persists.",
         false_positives="A rank that legitimately does more work (uneven data on the last "
         "batch, a rank that also writes checkpoints or logs). On GPUs the busy time of the "
         "Python thread is not the device time; the scores there say less.",
@@ -77,7 +79,9 @@ register(
         "of minutes by default; every rank waits and nobody is named.",
         fix="The process exits with status 3 so the launcher (`--max-restarts`) restarts the "
         "job and auto-resume continues from the last verified checkpoint. If the same rank or "
-        "host hangs again, drain it; read its stack dump for where it stopped.",
+        "host hangs again, run `trainguard doctor` on the job's nodes (it tests every rank, "
+        "link and collective with timeouts) and drain what it names; read the stack dump for "
+        "where it stopped.",
         false_positives="A rank that is merely much slower than the timeout (a huge first "
         "step, a long evaluation on one rank); raise `distributed.collective_timeout_s` or "
         "`distributed.warmup_steps`.",

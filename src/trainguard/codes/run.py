@@ -187,7 +187,9 @@ register(
         "communication timeouts fire after tens of minutes and name no culprit.",
         fix="Read the stack dump: the phase (data, forward, backward, optimizer, checkpoint, "
         "collective) and frame say where it stopped. The process exits with status 3 so the "
-        "launcher restarts it; auto-resume continues from the last verified checkpoint.",
+        "launcher restarts it; auto-resume continues from the last verified checkpoint. If it "
+        "happens again, run `trainguard doctor` on the same nodes to find a bad device, link "
+        "or rank.",
         false_positives="A legitimately slow step (the first compile, a huge checkpoint write) "
         "longer than the floor; raise `hang_floor_s`.",
         references=("PyTorch Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) for collectives",),

@@ -17,8 +17,9 @@ from trainguard.config.schema import Recipe
 from trainguard.errors import ConfigError
 
 # Keys that may differ between the recipe a run was started with and the one it resumes with.
-# Keys a run dir may be resumed with changed: the step budget, and where the metrics are also
-# sent (they change no number of the run).
+# Keys a run dir may be resumed with changed: the step budget, where the metrics are also
+# sent (they change no number of the run), and whether the doctor runs first
+# (`trainguard run --doctor`).
 RESUMABLE_KEYS = frozenset(
     {
         "train.max_steps",
@@ -26,6 +27,7 @@ RESUMABLE_KEYS = frozenset(
         "metrics.wandb",
         "metrics.wandb_project",
         "metrics.wandb_mode",
+        "preflight.doctor",
     }
 )
 

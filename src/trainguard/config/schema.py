@@ -145,6 +145,11 @@ class PreflightConfig(_Section):
     """Run the pre-flight checks before training."""
     fail_on_error: bool = True
     """Refuse to train when a pre-flight check reports an error finding."""
+    doctor: bool = False
+    """Run `trainguard doctor --quick` on every rank before anything else (after the resume
+    check, before data preparation): compute, memory, collectives, the checkpoint storage and
+    the environment against known answers (`trainguard run --doctor` sets it for one run).
+    Its errors stop the run like any pre-flight error; it runs even with `enabled: false`."""
 
 
 class PredictionConfig(_Section):

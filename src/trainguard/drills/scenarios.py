@@ -257,4 +257,5 @@ def low_precision_reduction(ctx: DrillContext) -> DrillRow:
     return row
 
 
+import trainguard.drills.doctor_scenarios  # noqa: E402, F401  (registers the doctor drills)
 import trainguard.drills.multiproc_scenarios  # noqa: E402, F401  (registers the --nproc drills)

@@ -73,6 +73,19 @@ CHECKS = {
 }
 
 
+def doctor_findings(session: RunSession) -> tuple[list[Finding], dict]:
+    """`trainguard doctor --quick` on every rank of the run, testing the run's own checkpoint
+    folder; every rank gets the same findings (so all stop together on an error)."""
+    from trainguard.doctor import Team, plan_for, run_doctor
+    from trainguard.train.shared_store import checkpoint_root
+
+    root = checkpoint_root(session.recipe, session.run_dir)
+    plan = plan_for(session.recipe, quick=True, checkpoint_dir=root)
+    report = run_doctor(Team.from_dist(session.dist), plan)
+    first = report.rounds[0]
+    return report.findings, {"seconds": first.seconds, "ranks": first.ranks}
+
+
 def run_preflight(session: RunSession) -> tuple[list[Finding], dict[str, dict]]:
     """Every pre-flight check on the session's model and data; returns findings and timings."""
     findings: list[Finding] = []

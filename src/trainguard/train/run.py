@@ -111,6 +111,8 @@ class RunSession:
             self.dist.barrier()
             self.record(moved)
         rundir.check_resume_recipe(self.run_dir, self.recipe_dict)
+        if self.recipe.preflight.doctor:  # first: a bad node is found before anything is spent
+            self.preflight(doctor=True)
         set_determinism(self.recipe)
         self.data = prepare_data(
             self.recipe.data, self.recipe.tokenizer, progress=self.progress_enabled and self.is_main
@@ -132,12 +134,12 @@ class RunSession:
         if self.recipe.preflight.enabled:
             self.preflight()
 
-    def preflight(self) -> None:
-        from trainguard.train.preflight import run_preflight
+    def preflight(self, doctor: bool = False) -> None:
+        from trainguard.train.preflight import doctor_findings, run_preflight
 
-        found, details = run_preflight(self)
+        found, details = doctor_findings(self) if doctor else run_preflight(self)
         self.record(found)
-        self.log_event("preflight", checks=details)
+        self.log_event("doctor" if doctor else "preflight", checks=details)
         errors = [f for f in found if f.severity == "error"]
         if errors and self.recipe.preflight.fail_on_error:
             listing = "; ".join(str(f) for f in errors)
