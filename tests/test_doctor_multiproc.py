@@ -1,0 +1,133 @@
+"""`trainguard doctor --nproc 2`: real processes on gloo, each injected fault in its own round
+of ONE job (one process group), the hang last; rank 1 must be named each time, rank 0 never,
+and the clean round must be silent.
+
+Timing-based: the slow-rank rule compares the ranks' CPU times (a planted 3x against a 1.5x
+threshold; never an absolute time). These tests run serially under xdist (`xdist_group
+"doctor-serial"`, with `--dist loadgroup`, set in pyproject.toml) so that two doctor jobs do
+not compete with each other for the 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.xdist_group("doctor-serial")
+
+HANG_TIMEOUT_S = 5  # how long the others wait for the rank that never joins
+
+
+def doctor(*args: str, cwd: Path, affinity: set[int] | None = None, timeout: float = 300):
+    """`python -m trainguard doctor ARGS` as a user runs it; (status, report, stderr)."""
+    env = {**os.environ, "CI": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainguard", "doctor", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        preexec_fn=(lambda: os.sched_setaffinity(0, affinity)) if affinity else None,
+    )
+    report = json.loads(proc.stdout) if proc.stdout.strip() else None
+    return proc.returncode, report, proc.stderr
+
+
+def named(round_: dict) -> list[tuple[str, int | None]]:
+    return sorted((f["code"], f["rank"]) for f in round_["findings"])
+
+
+def test_each_injected_fault_names_rank_1_and_a_clean_round_is_silent(tmp_path: Path) -> None:
+    faults = ["none", "bitflip/r1", "slow/r1", "bad-allreduce/r1", "hang/r1"]
+    inject = [a for f in faults for a in ("--inject", f)]
+    status, report, stderr = doctor(
+        "--quick",
+        "--nproc",
+        "2",
+        "--json",
+        *inject,
+        "--set",
+        f"distributed.hang_timeout_s={HANG_TIMEOUT_S}",
+        cwd=tmp_path,
+    )
+    assert report is not None, stderr[-2000:]
+    rounds = {r["inject"]: r for r in report["rounds"]}
+    assert list(rounds) == faults  # one process group, the hang last
+    assert report["world_size"] == 2
+    assert named(rounds["none"]) == [], rounds["none"]["findings"]
+    assert named(rounds["bitflip/r1"]) == [("H401", 1)]
+    assert named(rounds["slow/r1"]) == [("H403", 1)]
+    assert named(rounds["bad-allreduce/r1"]) == [("H410", 1)]
+    assert named(rounds["hang/r1"]) == [("H412", 1)]
+    # Named with host and device; the doctor ended with a verdict instead of hanging.
+    hung = rounds["hang/r1"]["findings"][0]
+    assert hung["where"] and hung["data"]["device"] == "cpu"
+    assert status == 1 and report["ok"] is False
+    # The clean round's figures: every rank answered, the collectives were measured.
+    clean = rounds["none"]
+    assert [r["rank"] for r in clean["ranks"]] == [0, 1]
+    assert {b["op"] for b in clean["bandwidth"]} == {
+        "all_reduce",
+        "all_gather",
+        "broadcast",
+        "reduce_scatter",
+    }
+    assert list(tmp_path.iterdir()) == []  # the storage probes left nothing behind
+
+
+@pytest.mark.slow  # ~30 s: ten clean rounds in one job must raise nothing
+def test_ten_clean_rounds_raise_nothing(tmp_path: Path) -> None:
+    status, report, stderr = doctor(
+        "--quick", "--nproc", "2", "--json", "--repeat", "10", cwd=tmp_path
+    )
+    assert report is not None, stderr[-2000:]
+    assert len(report["rounds"]) == 10
+    assert [named(r) for r in report["rounds"]] == [[]] * 10
+    assert status == 0 and report["ok"]
+
+
+@pytest.mark.slow  # ~15 s
+def test_more_processes_than_cores_warns_and_runs(tmp_path: Path) -> None:
+    one_core = {min(os.sched_getaffinity(0))}
+    status, report, stderr = doctor(
+        "--quick", "--nproc", "2", "--json", cwd=tmp_path, affinity=one_core
+    )
+    assert report is not None, stderr[-2000:]
+    assert "--nproc 2 on 1 core(s)" in stderr
+    (warned,) = [f for f in report["findings"] if f["code"] == "H417"]
+    assert warned["data"]["ranks"] == [0, 1] and warned["data"]["cores"] == 1
+    assert status == 0 and report["ok"]  # a warning: both ranks ran everything
+    assert report["rounds"][0]["bandwidth"]
+
+
+@pytest.mark.slow  # ~15 s
+def test_under_an_external_torchrun_rank_0_reports(tmp_path: Path) -> None:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
+    launcher += ["--nproc-per-node", "2", "--rdzv-backend", "c10d"]
+    launcher += ["--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1"]
+    proc = subprocess.run(
+        [*launcher, "-m", "trainguard", "doctor", "--quick", "--json", "--inject", "slow/r1"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CI": "1"},
+        cwd=tmp_path,
+        timeout=300,
+    )
+    report = json.loads(proc.stdout)  # one JSON object: rank 0's
+    assert report["world_size"] == 2
+    assert named(report["rounds"][0]) == [("H403", 1)]
+    assert proc.returncode == 1  # rank 0's verdict is the job's exit status
+
+
+@pytest.mark.slow  # ~40 s: the full doctor (not --quick), as in docs/benchmarks.md
+def test_the_full_doctor_on_two_processes_is_healthy(tmp_path: Path) -> None:
+    status, report, stderr = doctor("--nproc", "2", "--json", cwd=tmp_path)
+    assert report is not None, stderr[-2000:]
+    assert report["quick"] is False
+    assert status == 0 and report["findings"] == []
