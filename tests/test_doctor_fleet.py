@@ -311,3 +311,29 @@ def test_settings_known_to_hurt() -> None:
         "CUDA_LAUNCH_BLOCKING",
     ]
     assert suspect_settings({}) == []
+
+
+# -- the doctor drills' verdict ----------------------------------------------------------------
+def test_doctor_drills_are_registered_before_the_multiprocess_training_drills() -> None:
+    from trainguard.drills.doctor_scenarios import DOCTOR_DRILLS
+    from trainguard.drills.multiproc_scenarios import MULTIPROC_DRILLS
+    from trainguard.drills.scenarios import DRILLS
+
+    names = list(DRILLS)
+    assert set(DOCTOR_DRILLS) <= set(names)
+    assert names[-len(MULTIPROC_DRILLS) :] == list(MULTIPROC_DRILLS)
+
+
+def test_a_doctor_drill_counts_only_the_faulty_rank() -> None:
+    from trainguard.drills.doctor_scenarios import judge
+    from trainguard.drills.matrix import verdict
+
+    def finding(code: str, rank: int) -> dict:
+        return {"code": code, "rank": rank, "severity": "error", "where": "vm", "message": "m"}
+
+    good = judge("doctor_slow", "slow/r1", "H403", 1, {"findings": [finding("H403", 1)]})
+    assert good.ok and good.action.startswith("rank 1 (vm) named") and verdict([good]) == []
+    wrong = judge("doctor_slow", "slow/r1", "H403", 1, {"findings": [finding("H403", 0)]})
+    assert not wrong.ok and [f.code for f in verdict([wrong])] == ["R401", "R402"]
+    hung = judge("doctor_hang", "hang/r1", "H412", 124, None)
+    assert not hung.recovered and "no report" in hung.note

@@ -131,3 +131,15 @@ def test_the_full_doctor_on_two_processes_is_healthy(tmp_path: Path) -> None:
     assert report is not None, stderr[-2000:]
     assert report["quick"] is False
     assert status == 0 and report["findings"] == []
+
+
+@pytest.mark.slow  # ~1 min: four 2-process doctor jobs, as `trainguard drill` runs them
+def test_the_doctor_drills_detect_and_name_rank_1(tmp_path: Path) -> None:
+    from trainguard.drills.doctor_scenarios import DOCTOR_DRILLS
+    from trainguard.drills.runner import DrillContext
+    from trainguard.drills.scenarios import DRILLS
+
+    ctx = DrillContext(workdir=tmp_path)
+    rows = [DRILLS[name].run(ctx) for name in DOCTOR_DRILLS]
+    assert [r.detected[0] for r in rows] == ["H401", "H403", "H410", "H412"], [r.note for r in rows]
+    assert all(r.ok and r.action.startswith("rank 1 (") for r in rows), [r.note for r in rows]

@@ -22,11 +22,9 @@ from typing import Any
 
 from trainguard.drills.matrix import DrillRow
 from trainguard.drills.runner import DrillContext
-from trainguard.drills.scenarios import drill
 
 RANK = 1
 HANG_TIMEOUT_S = 5
-DOCTOR_DRILLS = ("doctor_bitflip", "doctor_slow", "doctor_bad_allreduce", "doctor_hang")
 
 
 def run_doctor(ctx: DrillContext, inject: str, *settings: str) -> tuple[int, dict | None, str]:
@@ -48,11 +46,11 @@ def run_doctor(ctx: DrillContext, inject: str, *settings: str) -> tuple[int, dic
     return proc.returncode, payload, proc.stderr.strip()[-400:]
 
 
-def doctor_row(ctx: DrillContext, name: str, kind: str, code: str, *settings: str) -> DrillRow:
-    inject = f"{kind}/r{RANK}"
-    t0 = time.perf_counter()
-    status, payload, tail = run_doctor(ctx, inject, *settings)
-    seconds = time.perf_counter() - t0
+def judge(
+    name: str, inject: str, code: str, status: int, payload: dict | None, note: str = ""
+) -> DrillRow:
+    """The row of one doctor job: detected when `code` names rank `RANK`; "recovered" when the
+    doctor ended with its verdict (exit 1 and a report) and named no other rank."""
     row = DrillRow(name, "", [code], inject=inject, trains=False)
     findings: list[dict[str, Any]] = (payload or {}).get("findings", [])
     named = [f for f in findings if f["code"] == code and f.get("rank") == RANK]
@@ -65,29 +63,47 @@ def doctor_row(ctx: DrillContext, name: str, kind: str, code: str, *settings: st
     row.steps_to_detect = 0
     row.steps_lost = 0
     who = f"rank {RANK} ({named[0].get('where')})" if named else "nobody"
-    row.action = f"{who} named; doctor exit {status} in {seconds:.1f}s"
+    row.action = f"{who} named; doctor exit {status}" + (f" {note}" if note else "")
     row.finished = status == 1 and payload is not None and not wrong
     if payload is None:
-        row.note = (row.note + "; " if row.note else "") + f"no report (exit {status}): {tail}"
+        row.note = (row.note + "; " if row.note else "") + f"no report (exit {status})"
     return row
 
 
-@drill("doctor_bitflip", "doctor: wrong matmul result on one rank (2 ranks)")
+def doctor_row(ctx: DrillContext, name: str, kind: str, code: str, *settings: str) -> DrillRow:
+    inject = f"{kind}/r{RANK}"
+    t0 = time.perf_counter()
+    status, payload, tail = run_doctor(ctx, inject, *settings)
+    row = judge(name, inject, code, status, payload, f"in {time.perf_counter() - t0:.1f}s")
+    if payload is None:
+        row.note += f": {tail}"
+    return row
+
+
 def doctor_bitflip(ctx: DrillContext) -> DrillRow:
     return doctor_row(ctx, "doctor_bitflip", "bitflip", "H401")
 
 
-@drill("doctor_slow", "doctor: one rank 3x slower (2 ranks)")
 def doctor_slow(ctx: DrillContext) -> DrillRow:
     return doctor_row(ctx, "doctor_slow", "slow", "H403")
 
 
-@drill("doctor_bad_allreduce", "doctor: one rank contributes a wrong all-reduce tensor (2 ranks)")
 def doctor_bad_allreduce(ctx: DrillContext) -> DrillRow:
     return doctor_row(ctx, "doctor_bad_allreduce", "bad-allreduce", "H410")
 
 
-@drill("doctor_hang", "doctor: one rank never joins (2 ranks)")
 def doctor_hang(ctx: DrillContext) -> DrillRow:
     setting = f"distributed.hang_timeout_s={HANG_TIMEOUT_S}"
     return doctor_row(ctx, "doctor_hang", "hang", "H412", setting)
+
+
+# name -> (fault shown in the matrix, drill); registered by drills/scenarios.py, in this order.
+DOCTOR_DRILLS = {
+    "doctor_bitflip": ("doctor: wrong matmul result on one rank (2 ranks)", doctor_bitflip),
+    "doctor_slow": ("doctor: one rank 3x slower (2 ranks)", doctor_slow),
+    "doctor_bad_allreduce": (
+        "doctor: one rank contributes a wrong all-reduce tensor (2 ranks)",
+        doctor_bad_allreduce,
+    ),
+    "doctor_hang": ("doctor: one rank never joins (2 ranks)", doctor_hang),
+}

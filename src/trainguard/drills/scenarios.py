@@ -257,5 +257,8 @@ def low_precision_reduction(ctx: DrillContext) -> DrillRow:
     return row
 
 
-import trainguard.drills.doctor_scenarios  # noqa: E402, F401  (registers the doctor drills)
+from trainguard.drills.doctor_scenarios import DOCTOR_DRILLS  # noqa: E402
+
+for _name, (_fault, _fn) in DOCTOR_DRILLS.items():
+    drill(_name, _fault)(_fn)
 import trainguard.drills.multiproc_scenarios  # noqa: E402, F401  (registers the --nproc drills)
