@@ -56,7 +56,7 @@ def test_clean_compute_is_within_the_dtype_bound_and_repeatable(dtype: str) -> N
 
 
 def test_the_bounds_are_tight_enough_to_matter() -> None:
-    # fp32 at K=768 allows ~5e-5; a flipped mantissa bit 20 (2^-3 relative) is far outside.
+    # fp32 at K=768 allows ~5e-5 of |A||B|: a flipped exponent bit is orders of magnitude out.
     assert matmul_bound(torch.float32, 768) < 1e-4
     assert matmul_bound(torch.bfloat16, 768) < 0.01
     assert matmul_bound(torch.float32, 768, tf32=True) > 2**-11
@@ -134,3 +134,17 @@ def test_a_check_that_raises_is_a_finding_not_a_crash(tmp_path: Path) -> None:
     failed = sorted(f.data["check"] for f in out.findings if f.code == "H428")
     assert failed == ["attention", "burn", "matmul"]
     assert "storage_write_mbps" in out.figures  # the other checks still ran
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("world", [2, 3, 64, 300])
+def test_known_collective_tensors_sum_exactly_in_the_dtype(dtype, world) -> None:
+    from trainguard.doctor.collectives import exact_dtype, expected_sum, known
+
+    cpu = torch.device("cpu")
+    tested, m = exact_dtype(dtype, world)
+    acc = torch.zeros(257, dtype=tested)
+    for q in range(world):  # a ring's partial sums, in the tested dtype
+        acc += known(q, 257, m, tested, cpu)
+    assert torch.equal(acc.double(), expected_sum(world, 257, m, cpu))
+    assert tested == (torch.float32 if (dtype, world) == (torch.bfloat16, 300) else dtype)

@@ -106,7 +106,11 @@ def check_matmul(ctx: RankContext) -> LocalResult:
     del a64, b64, scale
     seconds = ctx.stopwatch.fastest(run, ctx.sizes.reps, repeat=ctx.slowdown)
     out.timings["matmul"] = seconds
-    out.figures |= {"matmul_n": n, "matmul_error": err, "matmul_gflops": 2 * n**3 / seconds / 1e9}
+    out.figures |= {
+        "matmul_n": n,
+        "matmul_error": err if math.isfinite(err) else None,  # JSON has no NaN
+        "matmul_gflops": 2 * n**3 / seconds / 1e9,
+    }
     return out
 
 
@@ -132,7 +136,10 @@ def check_attention(ctx: RankContext) -> LocalResult:
     out = _result_findings(ctx, "attention", first, second, err, bound)
     seconds = ctx.stopwatch.fastest(run, ctx.sizes.reps, repeat=ctx.slowdown)
     out.timings["attention"] = seconds
-    out.figures |= {"attention_shape": list(shape), "attention_error": err}
+    out.figures |= {
+        "attention_shape": list(shape),
+        "attention_error": err if math.isfinite(err) else None,
+    }
     out.figures["attention_ms"] = seconds * 1e3
     return out
 
