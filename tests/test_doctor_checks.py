@@ -5,6 +5,7 @@ endpoint, an unreachable one), the environment."""
 from __future__ import annotations
 
 import socket
+import uuid
 from pathlib import Path
 
 import pytest
@@ -103,14 +104,15 @@ def test_storage_that_cannot_be_written_is_a_finding(tmp_path: Path) -> None:
 
 
 def test_storage_on_a_real_s3_endpoint() -> None:
+    bucket = f"doctor-{uuid.uuid4().hex[:8]}"  # moto's store is shared by this process's tests
     with s3_server() as endpoint:
-        fs = make_bucket(endpoint, "ckpt")
-        url = "s3://ckpt/run1"
+        fs = make_bucket(endpoint, bucket)
+        url = f"s3://{bucket}/run1"
         out = check_storage(ctx(checkpoint_dir=url, storage_options=storage_options(endpoint)))
         assert out.findings == [], [str(f) for f in out.findings]
         assert out.figures["storage_read_mbps"] > 0
         fs.invalidate_cache()
-        assert fs.find("ckpt") == []  # the probe object was deleted
+        assert fs.find(bucket) == []  # the probe object was deleted
 
 
 def closed_port() -> int:
