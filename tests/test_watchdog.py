@@ -11,8 +11,9 @@ import time
 
 import pytest
 
+from trainguard.errors import EXIT_HANG
 from trainguard.monitors.hang_report import read_hang_reports
-from trainguard.monitors.watchdog import EXIT_HANG, Watchdog
+from trainguard.monitors.watchdog import Watchdog
 
 SCRIPT = textwrap.dedent(
     """

@@ -1,14 +1,27 @@
 """One exception tree, mapped to exit statuses in one place (DESIGN.md, convention 4).
 
-Exit status: 0 no error findings, 1 error findings, 2 bad input or usage.
+The exit table, for every command (README, "Commands"):
+
+    0    success: a check found no error; `run` finished (faults its guards handled are findings)
+    1    error findings; `run`: a guard halted it, pre-flight failed, or its data changed (D104)
+    2    bad input or usage (the message names the problem and the fix); nothing was started
+    3    `run`: the hang watchdog stopped a stuck step (run the same command again to resume)
+    130  interrupted by Ctrl-C (SIGINT), 128 + 2 as a shell reports it
+    143  terminated by SIGTERM (a scheduler's stop), 128 + 15, handled like Ctrl-C
+
 Every message names what is wrong and what to change.
 """
 
 from __future__ import annotations
 
+import signal
+
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_BAD_INPUT = 2
+EXIT_HANG = 3
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
 class TrainguardError(Exception):
@@ -61,16 +74,42 @@ class NoUsableCheckpoint(TrainguardError):
         self.findings = findings or []
 
 
+class RunDirBusyError(BadInputError):
+    """Another live process holds the folder's lock (`util/runlock.py`)."""
+
+
 class RunHalted(TrainguardError):
     """A guard decided to halt the run (too many rollbacks, an unrecoverable fault)."""
 
     exit_status = EXIT_FINDINGS
 
 
+class RunHung(TrainguardError):
+    """The hang watchdog stopped a stuck step. Never raised: the process exits from the
+    watchdog's thread (monitors/watchdog.py); this names the outcome in a run's result."""
+
+    exit_status = EXIT_HANG
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM arrived: the command stops as after Ctrl-C, with exit status
+    130 or 143. A KeyboardInterrupt, so that no `except Exception` swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_status = 128 + signum
+        self.message = f"interrupted by {signal.Signals(signum).name}"
+        self.fix = "run the same command again to continue (a run resumes from its last checkpoint)"
+        super().__init__(self.message)
+
+
 def exit_status_for(exc: BaseException) -> int:
-    if isinstance(exc, TrainguardError):
+    """The exit status `exc` ends a command with (the table above)."""
+    if isinstance(exc, TrainguardError | Interrupted):
         return exc.exit_status
-    return EXIT_BAD_INPUT
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return EXIT_FINDINGS  # an unexpected exception: the interpreter's status after a traceback
 
 
 class PreflightFailed(TrainguardError):

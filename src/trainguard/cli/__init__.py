@@ -41,4 +41,7 @@ _register_commands()
 
 
 def main() -> None:
-    app()
+    from trainguard.cli._signals import graceful_interrupts
+
+    with graceful_interrupts():
+        app()

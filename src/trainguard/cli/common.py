@@ -10,9 +10,10 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from trainguard.errors import EXIT_FINDINGS, EXIT_OK, TrainguardError
+from trainguard.errors import EXIT_FINDINGS, EXIT_OK, Interrupted, TrainguardError
 from trainguard.findings import Finding, has_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -24,16 +25,21 @@ _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def handle_errors(fn: F) -> F:
-    """Turn trainguard's exceptions into a clear message and the mapped exit status."""
+    """Turn trainguard's exceptions (and Ctrl-C or SIGTERM, `errors.Interrupted`) into a clear
+    message and the mapped exit status."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except TrainguardError as e:
-            err_console.print(f"[bold red]error:[/] {e.message}", markup=True, soft_wrap=True)
+        except (TrainguardError, Interrupted) as e:
+            # Messages quote paths and OS errors ("[Errno 28]"): never read them as markup.
+            say = err_console.print
+            say(f"[bold red]error:[/] {escape(e.message)}", markup=True, soft_wrap=True)
             if e.fix:
-                err_console.print(f"  [bold]fix:[/] {e.fix}", markup=True, soft_wrap=True)
+                say(f"  [bold]fix:[/] {escape(e.fix)}", markup=True, soft_wrap=True)
+            for note in getattr(e, "__notes__", ()):  # e.g. a cleanup that failed after it
+                say(f"  [bold]note:[/] {escape(note)}", markup=True, soft_wrap=True)
             raise typer.Exit(e.exit_status) from None
 
     return wrapper  # type: ignore[return-value]

@@ -1,21 +1,127 @@
-"""`trainguard run [RECIPE]`: the main job."""
+"""`trainguard run [RECIPE]`: the main job; `trainguard report RUN_DIR`.
+
+With `--json` every exit prints exactly one JSON object on stdout (`RunResult.to_dict`), and its
+`ok` agrees with the exit status: finished (0), halted or stopped by pre-flight or D104 (1), bad
+input or usage (2), a hang (3), interrupted (130, 143). Under `--nproc` the launcher prints it:
+rank 0 of the last attempt writes its result to the file RESULT_ENV names.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
-from trainguard.cli.common import console, findings_table, handle_errors
-from trainguard.errors import EXIT_OK
+from trainguard.cli.common import console, err_console, findings_table, handle_errors
+from trainguard.errors import EXIT_OK, ConfigError, Interrupted
+from trainguard.train.outcome import RunResult, describe_error
+
+if TYPE_CHECKING:
+    from trainguard.config.schema import Recipe
+
+RESULT_ENV = "TRAINGUARD_RUN_RESULT"
+# click's UsageError, whichever click typer uses (its own copy in recent versions).
+_UsageError: type[Exception] = typer.BadParameter.__bases__[0]
+
+
+class _RunCommand(TyperCommand):
+    """`run --json` answers a usage error found by the parser with its one JSON object too."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes `args`
+        try:
+            return super().parse_args(ctx, args)
+        except _UsageError as e:
+            if "--json" in given:
+                result = RunResult.empty(None).with_error(e, e.exit_code)  # type: ignore[attr-defined]
+                result.error = {
+                    "type": "UsageError",
+                    "message": e.format_message(),  # type: ignore[attr-defined]
+                    "fix": "see `trainguard run --help`",
+                }
+                _RunOutput(as_json=True, quiet=True).end(result)
+            raise
+
+
+class _RunOutput:
+    """Prints a run's outcome once, from whichever exit path gets there first."""
+
+    def __init__(self, as_json: bool, quiet: bool) -> None:
+        self.as_json = as_json
+        self.quiet = quiet
+        self.done = False
+
+    def end(self, result: RunResult) -> None:
+        if self.done or int(os.environ.get("RANK", "0")) != 0:  # rank 0 speaks for the job
+            return
+        self.done = True
+        if self.as_json:
+            text = json.dumps(result.to_dict(), indent=2, default=str) + "\n"
+            target = os.environ.get(RESULT_ENV)
+            if target:  # a worker of `run --nproc --json`: the launcher prints it
+                Path(target).write_text(text, encoding="utf-8")
+            else:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+        elif result.ok and not self.quiet:
+            if result.findings:
+                console.print(findings_table(result.findings, "Run findings"))
+            console.print(
+                f"[bold]done[/]: step {result.final_step}, val_loss "
+                f"{result.final_val_loss:.4f}, val_bpb {result.final_val_bpb:.4f}, "
+                f"report {result.run_dir / 'report.html'}"
+            )
+
+
+def _launch_job(
+    folder: Path, nproc: int, worker: list[str], max_restarts: int, fresh: Recipe | None
+) -> RunResult:
+    """`run --nproc`: hold the run dir's lock here for the workers (they know this process by
+    the pid in TRAINGUARD_LOCK_HOLDER), set the previous run aside for `--fresh` (`fresh`: the
+    recipe), launch them, and collect rank 0's result."""
+    from trainguard.train.launch import launch
+    from trainguard.train.restore import start_fresh
+    from trainguard.train.rundir import ensure_writable
+    from trainguard.util.runlock import HOLDER_ENV, FolderLock
+
+    ensure_writable(folder)
+    with FolderLock(folder, "trainguard run --nproc"), tempfile.TemporaryDirectory() as tmp:
+        if fresh is not None:  # here, once, under the lock, before any worker looks
+            for f in start_fresh(fresh, folder):
+                err_console.print(f"{f.code}: {f.message}", markup=False, soft_wrap=True)
+        result_file = Path(tmp) / "result.json"
+        os.environ[HOLDER_ENV] = str(os.getpid())
+        os.environ[RESULT_ENV] = str(result_file)
+        try:
+            status = launch(nproc, worker, max_restarts)
+        finally:
+            os.environ.pop(HOLDER_ENV, None)
+            os.environ.pop(RESULT_ENV, None)
+        try:
+            result = RunResult.from_dict(json.loads(result_file.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            result = RunResult.empty(folder)  # no worker got as far as its result
+    if status != result.exit_status:  # e.g. another rank failed, or this process was stopped
+        result.exit_status = status
+        if status > 128:
+            result.error = describe_error(Interrupted(status - 128))
+        elif status != EXIT_OK and result.error is None:
+            result.error = {
+                "type": "WorkerFailed",
+                "message": f"a worker process exited with status {status}",
+                "fix": "read the workers' messages above; run the same command again to resume",
+            }
+    return result
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("run")
+    @app.command("run", cls=_RunCommand)
     @handle_errors
     def run_command(
         recipe: Annotated[
@@ -29,7 +135,9 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option("--set", help="Override a recipe key, e.g. --set train.lr=3e-4."),
         ] = None,
-        as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print one JSON object on every exit.")
+        ] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
         no_evals: Annotated[
             bool,
@@ -68,68 +176,63 @@ def register(app: typer.Typer) -> None:
                 "(recipe key preflight.doctor); an error stops the run.",
             ),
         ] = False,
+        accept_data_change: Annotated[
+            bool,
+            typer.Option(
+                "--accept-data-change",
+                help="Resume although the prepared data differs from the checkpoint's (D104); "
+                "without it such a resume stops with exit 1.",
+            ),
+        ] = False,
     ) -> None:
         """Prepare data, run pre-flight checks, train with verified checkpoints and auto-resume,
         evaluate, and write a report. Running it again in the same run dir resumes."""
         from trainguard.config.load import load_recipe
+        from trainguard.train.launch import check_launch_args
         from trainguard.train.run import run_recipe
 
-        if doctor:
-            overrides = [*(overrides or []), "preflight.doctor=true"]
-        resolved = load_recipe(recipe, overrides)  # bad recipes fail here, before any launch
-        folder = run_dir or Path("runs") / resolved.name
-        if nproc is not None:
-            from trainguard.errors import ConfigError
-            from trainguard.train.launch import launch
-
-            if nproc > 0 and resolved.train.batch_size % nproc:
-                raise ConfigError(
-                    f"train.batch_size={resolved.train.batch_size} is not divisible by "
-                    f"--nproc {nproc}",
-                    "use a process count that divides train.batch_size (the global batch must "
-                    "not depend on the process count)",
-                )
-            if fresh:  # here, once, before any worker looks at the run dir
-                from trainguard.train.restore import start_fresh
-
-                for f in start_fresh(resolved, folder):
-                    console.print(f"{f.code}: {f.message}", markup=False, soft_wrap=True)
-            worker = ["run", recipe, "--run-dir", str(folder)]
-            for o in overrides or []:
-                worker += ["--set", o]
-            worker += ["--json"] if as_json else []
-            worker += ["--quiet"] if quiet else []
-            worker += ["--no-evals"] if no_evals else []
-            raise typer.Exit(launch(nproc, worker, max_restarts))
-        result = run_recipe(
-            resolved, folder, progress=not (quiet or as_json), evals=not no_evals, fresh=fresh
-        )
-        if int(os.environ.get("RANK", "0")) != 0:
-            raise typer.Exit(EXIT_OK)  # rank 0 speaks for the job
-        # The run finished: faults it met were handled by its guards (they are in the findings
-        # and the report). A halt or a failed pre-flight raises instead and exits 1.
-        errors = [f for f in result.findings if f.severity == "error"]
-        if as_json:
-            payload = {
-                "ok": not errors,
-                "findings": [f.to_dict() for f in result.findings],
-                "run_dir": str(result.run_dir),
-                "final_step": result.final_step,
-                "final_val_loss": result.final_val_loss,
-                "final_val_bpb": result.final_val_bpb,
-                "params": result.params,
-                "tokens": result.tokens,
-                "resumed_from": result.resumed_from,
-            }
-            sys.stdout.write(json.dumps(payload, indent=2) + "\n")
-        elif not quiet:
-            if result.findings:
-                console.print(findings_table(result.findings, "Run findings"))
-            console.print(
-                f"[bold]done[/]: step {result.final_step}, val_loss "
-                f"{result.final_val_loss:.4f}, val_bpb {result.final_val_bpb:.4f}, "
-                f"report {result.run_dir / 'report.html'}"
+        out = _RunOutput(as_json, quiet)
+        folder = run_dir
+        try:
+            check_launch_args(nproc, max_restarts)  # --max-restarts -1 is wrong without --nproc too
+            if doctor:
+                overrides = [*(overrides or []), "preflight.doctor=true"]
+            resolved = load_recipe(recipe, overrides)  # bad recipes fail here, before any launch
+            folder = run_dir or Path("runs") / resolved.name
+            if nproc is not None:
+                if resolved.train.batch_size % nproc:
+                    raise ConfigError(
+                        f"train.batch_size={resolved.train.batch_size} is not divisible by "
+                        f"--nproc {nproc}",
+                        "use a process count that divides train.batch_size (the global batch "
+                        "must not depend on the process count)",
+                    )
+                worker = ["run", recipe, "--run-dir", str(folder)]
+                for o in overrides or []:
+                    worker += ["--set", o]
+                worker += ["--json"] if as_json else []
+                worker += ["--quiet"] if quiet else []
+                worker += ["--no-evals"] if no_evals else []
+                worker += ["--accept-data-change"] if accept_data_change else []
+                fresh_recipe = resolved if fresh else None
+                result = _launch_job(folder, nproc, worker, max_restarts, fresh_recipe)
+                if as_json:  # else rank 0 has printed its summary, and the launcher the failure
+                    out.end(result)
+                raise typer.Exit(result.exit_status)
+            run_recipe(
+                resolved,
+                folder,
+                progress=not (quiet or as_json),
+                evals=not no_evals,
+                fresh=fresh,
+                accept_data_change=accept_data_change,
+                on_end=out.end,
             )
+        except typer.Exit:
+            raise
+        except (Exception, KeyboardInterrupt) as e:
+            out.end(RunResult.empty(folder).with_error(e))  # unless run_recipe has printed it
+            raise
         raise typer.Exit(EXIT_OK)
 
     @app.command("report")

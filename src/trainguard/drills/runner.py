@@ -193,6 +193,11 @@ def run_drills(ctx: DrillContext, names: list[str] | None = None, jobs: int = 1)
         raise BadInputError(
             f"unknown drill(s) {unknown}", f"use names among {', '.join(DRILLS)} with --only"
         )
+    from trainguard.config.load import load_recipe
+
+    # Every drill runs this recipe with these settings: a missing recipe or a bad --set is bad
+    # input (exit 2) here, not one failed drill per fault.
+    load_recipe(ctx.recipe, ctx.settings())
     # The clean run is the baseline of every loss comparison: always run it.
     if "clean" not in names:
         names.insert(0, "clean")

@@ -31,6 +31,7 @@ import torch
 import trainguard.codes.distributed  # noqa: F401  (registers H201, H202, H203, R301)
 import trainguard.codes.run  # noqa: F401  (registers R203)
 from trainguard.config.distributed import DistributedConfig
+from trainguard.errors import EXIT_HANG
 from trainguard.findings import Finding
 from trainguard.guards.decision import Decision
 from trainguard.guards.group import MonitorGroup, shorten_default_timeout
@@ -42,12 +43,7 @@ from trainguard.guards.replica import (
     replica_digest,
     replica_sets,
 )
-from trainguard.monitors.hang_report import (
-    EXIT_HANG,
-    SigtermStackDump,
-    report_path,
-    write_hang_report,
-)
+from trainguard.monitors.hang_report import SigtermStackDump, report_path, write_hang_report
 from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
 
 T = TypeVar("T")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 
 import trainguard.codes.distributed  # noqa: F401  (registers R301)
+from trainguard.errors import EXIT_HANG
 from trainguard.findings import Finding
 from trainguard.guards.group import MonitorGroup
-from trainguard.monitors.hang_report import EXIT_HANG
 
 _MISSING = re.compile(r"Ranks? ([\d,\s]+?) failed to pass monitoredBarrier")
 

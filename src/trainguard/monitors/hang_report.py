@@ -24,10 +24,6 @@ from typing import IO, Any
 
 from trainguard.findings import Finding
 
-EXIT_HANG = 3
-"""The exit status of a process stopped for a hang: the launcher restarts it, auto-resume
-continues from the last verified checkpoint."""
-
 
 def report_path(run_dir: str | Path, rank: int | None = None) -> Path:
     """A new report's stack file: RUN_DIR/hang-<UTC time>[-rank<r>].txt."""

@@ -35,15 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import trainguard.codes.run  # noqa: F401  (registers R210)
+from trainguard.errors import EXIT_HANG
 from trainguard.findings import Finding
-from trainguard.monitors.hang_report import (
-    EXIT_HANG,
-    main_thread_frame,
-    report_path,
-    write_hang_report,
-)
+from trainguard.monitors.hang_report import main_thread_frame, report_path, write_hang_report
 
-__all__ = ["EXIT_HANG", "PHASES", "Watchdog"]
+__all__ = ["PHASES", "Watchdog"]
 # "startup" until the first heartbeat, "loop" between phases after it; the rest are set by the loop.
 PHASES = (
     "startup",

@@ -18,6 +18,7 @@ import yaml
 
 from trainguard.errors import BadInputError, TrainguardError
 from trainguard.findings import Finding
+from trainguard.util.runlock import FolderLock
 
 FIELDS = ["name", "params", "tokens", "loss", "run_dir"]
 
@@ -87,21 +88,33 @@ def run_grid(
     overrides: list[str] | None = None,
     runner: Runner | None = None,
 ) -> tuple[list[dict[str, Any]], list[Finding]]:
-    """Run every cell not yet in the CSV; returns (rows written now, findings)."""
+    """Run every cell not yet in the CSV; returns (rows written now, findings).
+
+    The output folder is locked for the whole grid (`OUT/.lock`): a second `scale run` on it
+    exits 2 naming the holder."""
     from trainguard.config.load import load_recipe
 
-    runner = runner or _default_runner
     out_dir, csv_path = Path(out_dir), Path(csv_path)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
-    done = done_cells(csv_path)
-    rows, findings = [], []
     cells = grid_cells(axes)
     # Validate every cell before running any: a typo in the last cell must not cost the grid.
     recipes = [
         load_recipe(recipe, [*(overrides or []), *(f"{k}={v}" for k, v in c.items())])
         for c in cells
     ]
+    with FolderLock(out_dir, "trainguard scale run", flag="--out"):
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        return _run_cells(cells, recipes, out_dir, csv_path, runner or _default_runner)
+
+
+def _run_cells(
+    cells: list[dict[str, Any]],
+    recipes: list[Any],
+    out_dir: Path,
+    csv_path: Path,
+    runner: Runner,
+) -> tuple[list[dict[str, Any]], list[Finding]]:
+    done = done_cells(csv_path)
+    rows, findings = [], []
     for cell, cell_recipe in zip(cells, recipes, strict=True):
         name = cell_name(cell)
         if name in done:

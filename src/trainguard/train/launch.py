@@ -25,14 +25,19 @@ from collections.abc import Sequence
 from trainguard.errors import BadInputError
 
 
+def check_launch_args(nproc: int | None, max_restarts: int) -> None:
+    """BadInputError for a process count below 1 or a negative restart count."""
+    if nproc is not None and nproc < 1:
+        raise BadInputError(f"--nproc {nproc}: at least one process", "use --nproc 1 or more")
+    if max_restarts < 0:
+        raise BadInputError(f"--max-restarts {max_restarts} is negative", "use 0 or more")
+
+
 def launch_argv(
     nproc: int, worker_args: Sequence[str], max_restarts: int = 0, python: str | None = None
 ) -> list[str]:
     """The launcher command line for `nproc` local workers running `trainguard WORKER_ARGS`."""
-    if nproc < 1:
-        raise BadInputError(f"--nproc {nproc}: at least one process", "use --nproc 1 or more")
-    if max_restarts < 0:
-        raise BadInputError(f"--max-restarts {max_restarts} is negative", "use 0 or more")
+    check_launch_args(nproc, max_restarts)
     return [
         python or sys.executable,
         "-m",
@@ -62,7 +67,8 @@ def under_launcher() -> bool:
 
 def launch(nproc: int, worker_args: Sequence[str], max_restarts: int = 0) -> int:
     """Run the workers to completion in this process's elastic agent; returns the exit status:
-    0 when every worker succeeded, else the first failed worker's status (3: a hung rank)."""
+    0 when every worker succeeded, else the first failed worker's status (3: a hung rank), or
+    130/143 when this process got SIGINT/SIGTERM (the agent stops the workers with it)."""
     if under_launcher():
         raise BadInputError(
             "--nproc given inside a torchrun worker: the job would launch itself again",
@@ -70,6 +76,7 @@ def launch(nproc: int, worker_args: Sequence[str], max_restarts: int = 0) -> int
         )
     # The agent runs here rather than in a `python -m torch.distributed.run` child: torch is
     # imported already, and a failure's exit status comes back without parsing any output.
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -82,4 +89,6 @@ def launch(nproc: int, worker_args: Sequence[str], max_restarts: int = 0) -> int
         _, first = e.get_first_failure()
         sys.stderr.write(e.format_msg() + "\n")
         return first.exitcode if first.exitcode > 0 else 1
+    except SignalException as e:  # the agent's own handler: it has stopped the workers
+        return 128 + int(e.sigval)
     return 0

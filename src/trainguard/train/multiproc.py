@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from trainguard.errors import RunHalted
 from trainguard.findings import Finding
 from trainguard.guards.distributed import DistributedGuards
+from trainguard.train.outcome import report_hang
 
 if TYPE_CHECKING:
     from trainguard.train.run import RunSession
@@ -80,5 +81,6 @@ class MultiProcessGuards:
     def _on_hang(self, finding: Finding) -> None:
         self.session.record([finding])
         self.session.display.message(str(finding))
+        report_hang(self.session, finding)
         if self.session.watchdog is not None:
             self.session.watchdog.stop()  # we exit for it; its backstop must not fire later

@@ -29,9 +29,10 @@ from trainguard.train.optim import Optimizer
 from trainguard.train.shared_store import checkpoint_root
 from trainguard.train.state_load import CheckpointContent, UnloadableCheckpoint, read_checkpoint
 from trainguard.util.atomic import fsync_dir
+from trainguard.util.runlock import LOCK_FILE
 
-# Never moved by --fresh: the run dir's lock (held by the running command) and the attic.
-LOCK_FILE = ".lock"
+# Never moved by --fresh: the run dir's lock (LOCK_FILE, held by the running command) and the
+# attic.
 
 
 @dataclass

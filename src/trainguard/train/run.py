@@ -4,9 +4,10 @@ and auto-resume -> evaluation -> report.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from trainguard.data.order import compare_batch_hashes
 from trainguard.data.prepare import prepare_data
 from trainguard.data.shards import compare_identity, data_identity
 from trainguard.drills.faults import FaultPlan
-from trainguard.errors import PreflightFailed
+from trainguard.errors import PreflightFailed, RunHalted
 from trainguard.findings import Finding
 from trainguard.guard import Decision, Guard
 from trainguard.metrics.sinks import open_run_sinks
@@ -32,22 +33,11 @@ from trainguard.train.loop import Trainer, World
 from trainguard.train.metrics import ProgressDisplay, unlogged_hang_reports
 from trainguard.train.multiproc import MultiProcessGuards
 from trainguard.train.optim import build_optimizer
+from trainguard.train.outcome import RunResult, close_session, report_hang
 from trainguard.train.restore import Chosen, choose_checkpoint, refuse_if_none_usable, start_fresh
 from trainguard.train.shared_store import checkpoint_root, open_store
 from trainguard.train.state import TrainerState, write_checkpoint_files
 from trainguard.train.state_load import apply_checkpoint
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    final_step: int
-    final_val_loss: float | None
-    final_val_bpb: float | None
-    params: int
-    tokens: int
-    resumed_from: int | None = None
-    findings: list[Finding] = field(default_factory=list)
 
 
 def set_determinism(recipe: Recipe) -> None:
@@ -63,7 +53,7 @@ def build_model(recipe: Recipe, vocab_size: int, device: torch.device) -> GPT:
     return GPT(recipe.model, vocab_size=vocab_size, seq_len=recipe.data.seq_len).to(device)
 
 
-__all__ = ["RunResult", "RunSession", "checkpoint_root", "run_recipe"]
+__all__ = ["RunResult", "RunSession", "checkpoint_root", "run_recipe"]  # RunResult: outcome.py
 
 
 class RunSession:
@@ -80,6 +70,8 @@ class RunSession:
         device: torch.device | None = None,
         dist: Dist | None = None,
         evals: bool = True,
+        accept_data_change: bool = False,
+        on_end: Callable[[RunResult], None] | None = None,
     ) -> None:
         self.recipe = recipe
         # One process unless torchrun started us (train/distributed.py).
@@ -100,12 +92,14 @@ class RunSession:
         self.last_eval: dict[str, float] = {}
         self.replayed_hashes: dict[int, str] = {}
         self.watchdog: Watchdog | None = None
+        self.accept_data_change = accept_data_change
+        self.on_end = on_end
         self.multi = MultiProcessGuards(self)
         self.evals = RunEvals(self, enabled=evals)  # refuses a recipe with no use-case eval
 
     # -- phases -----------------------------------------------------------------------------
     def setup(self, fresh: bool = False) -> None:
-        rundir.ensure_writable(self.run_dir)
+        # The run dir is proven writable and locked (run_recipe) before anything here.
         if fresh:  # rank 0 sets the previous run aside; no rank looks at it before that
             moved = start_fresh(self.recipe, self.run_dir) if self.is_main else []
             self.dist.barrier()
@@ -157,6 +151,8 @@ class RunSession:
     def resume(self) -> None:
         """Continue from the checkpoint `setup` chose: the newest one that verifies and loads."""
         loaded, content = self.chosen.loaded, self.chosen.content
+        if loaded is not None:
+            self.check_data_unchanged(loaded.step, loaded.manifest)
         step = loaded.step if loaded is not None else 0
         dropped = self.metrics.truncate_after(step) if self.is_main else []
         # Steps a crash threw away are recomputed; they must read the very same batches (D110).
@@ -171,9 +167,6 @@ class RunSession:
         self.chosen = Chosen(loaded, None)  # the read state is in the model now: free it
         self.resumed_from = self.state.step
         self.record(drift_findings(saved_env, self.env, self.state.step))
-        recorded = (loaded.manifest.get("meta") or {}).get("data_identity")
-        if recorded is not None:
-            self.record(compare_identity(recorded, data_identity(self.data.manifest)))
         self.record(
             [
                 Finding.of(
@@ -184,6 +177,24 @@ class RunSession:
                 )
             ]
         )
+
+    def check_data_unchanged(self, step: int, manifest: dict) -> None:
+        """D104: the checkpoint was trained on other data than the data prepared now. The run
+        stops here, before it changes anything, unless the user accepted the change."""
+        recorded = (manifest.get("meta") or {}).get("data_identity")
+        if recorded is None:
+            return
+        found = compare_identity(recorded, data_identity(self.data.manifest))
+        accepted = " (accepted: --accept-data-change)" if self.accept_data_change else ""
+        self.record([dataclasses.replace(f, message=f.message + accepted) for f in found])
+        if found and not self.accept_data_change:
+            raise RunHalted(
+                f"not resuming from checkpoint step {step}: {found[0].message}; the same sample "
+                "ids would now be different text (D104)",
+                "resume with the original data (same source files and tokenizer settings), start "
+                "a new run with --run-dir NEW_DIR, or continue on the new data on purpose with "
+                "--accept-data-change",
+            )
 
     def record_earlier_hangs(self) -> None:
         """Log the hangs that ended earlier attempts (R210, R301), once each (see
@@ -250,6 +261,7 @@ class RunSession:
                 self.run_dir,
                 r.guards,
                 rank=self.world.rank if self.world.size > 1 else None,
+                on_timeout=lambda finding: report_hang(self, finding),
                 # The first step compiles and warms caches; checkpoints and evals are long.
                 phase_floors={"startup": 4 * floor, "checkpoint": 4 * floor, "eval": 4 * floor},
             ).start()
@@ -361,12 +373,13 @@ class RunSession:
             self.display.close()
 
     def result(self) -> RunResult:
+        model = getattr(self, "model", None)  # absent when setup failed
         return RunResult(
             run_dir=self.run_dir,
             final_step=self.state.step,
             final_val_loss=self.last_eval.get("val_loss"),
             final_val_bpb=self.last_eval.get("val_bpb"),
-            params=sum(p.numel() for p in self.model.parameters()),
+            params=sum(p.numel() for p in model.parameters()) if model is not None else 0,
             tokens=self.state.tokens_seen,
             resumed_from=self.resumed_from,
             findings=list(self.findings),
@@ -382,27 +395,55 @@ def run_recipe(
     report: bool = True,
     evals: bool = True,
     fresh: bool = False,
+    accept_data_change: bool = False,
+    on_end: Callable[[RunResult], None] | None = None,
 ) -> RunResult:
     """The whole guarded run. Resumes automatically when the run dir has checkpoints.
 
     `evals=False` trains without use-case evals on purpose (`trainguard run --no-evals`);
     `fresh=True` first moves the previous run aside (`start_fresh`) and starts at step 0.
+    `accept_data_change=True` resumes on data that differs from the checkpoint's (D104), which
+    otherwise stops the run. `on_end(result)` is called once however the run ends: finished,
+    raising (the result's `exit_status` and `error` say why; then it is raised), or about to
+    exit for a hang (from the watchdog's thread); `trainguard run --json` prints it.
     """
-    dist = init_distributed(recipe.distributed, recipe.train.batch_size)
-    session = RunSession(
-        recipe, Path(run_dir), progress=progress, faults=faults, dist=dist, evals=evals
-    )
+    run_dir = Path(run_dir)
+    session: RunSession | None = None
+    try:
+        dist = init_distributed(recipe.distributed, recipe.train.batch_size)
+        try:
+            rundir.ensure_writable(run_dir)  # before the lock: the clearest message for a bad dir
+            with rundir.hold_run_dir(run_dir, dist):
+                session = RunSession(
+                    recipe,
+                    run_dir,
+                    progress=progress,
+                    faults=faults,
+                    dist=dist,
+                    evals=evals,
+                    accept_data_change=accept_data_change,
+                    on_end=on_end,
+                )
+                _run_phases(session, report, fresh)
+        finally:
+            dist.close()
+    except BaseException as e:
+        if on_end is not None:
+            on_end((session.result() if session else RunResult.empty(run_dir)).with_error(e))
+        raise
+    result = session.result()
+    if on_end is not None:
+        on_end(result)
+    return result
+
+
+def _run_phases(session: RunSession, report: bool, fresh: bool) -> None:
     try:
         session.setup(fresh=fresh)
         session.resume()
         session.train()
         session.log_event("end", **session.last_eval)
-    finally:
-        session.metrics.close()
-        # Also after a halt: the report is where a user looks first.
-        if report and session.is_main and session.metrics.path.exists():
-            from trainguard.report.build import write_report
-
-            write_report(session.run_dir)
-        dist.close()
-    return session.result()
+    except BaseException as e:
+        close_session(session, report, primary=e)
+        raise
+    close_session(session, report)

@@ -1,6 +1,7 @@
 """The run dir: its layout, write access, and the recipe it was started with.
 
 RUN_DIR/
+  .lock             held by the run for its whole life (util/runlock.py): pid, host, start time
   recipe.yaml       the resolved recipe (train.max_steps updated on resume)
   tokenizer.json    the tokenizer the run trains with
   metrics.jsonl     step, eval, finding and event rows
@@ -12,19 +13,59 @@ RUN_DIR/
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from trainguard.config.load import RESUMABLE_KEYS, recipe_diff
-from trainguard.errors import ResumeMismatchError, StorageError
+from trainguard.errors import ResumeMismatchError, RunDirBusyError, StorageError, TrainguardError
 from trainguard.util.atomic import atomic_write_text
+from trainguard.util.runlock import HOLDER_ENV, LOCK_FILE, FolderLock, held_by
+
+if TYPE_CHECKING:
+    from trainguard.train.distributed import Dist
 
 RECIPE_FILE = "recipe.yaml"
+_ERRORS: dict[str, type[TrainguardError]] = {
+    "RunDirBusyError": RunDirBusyError,
+    "StorageError": StorageError,
+}
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path, dist: Dist) -> Iterator[FolderLock | None]:
+    """The run dir's lock, held once per job for the life of the block.
+
+    Rank 0 takes it, unless the process that launched the job holds it already (`run --nproc`
+    names itself in TRAINGUARD_LOCK_HOLDER; its workers must not wait on their own launcher).
+    The other ranks take nothing and learn rank 0's verdict, so that a refused job stops on
+    every rank at once rather than leaving ranks waiting in a collective.
+    """
+    lock, refused = None, None
+    if dist.world.rank == 0:
+        try:
+            lock = FolderLock(run_dir, "trainguard run").acquire()
+        except RunDirBusyError as e:
+            launcher = os.environ.get(HOLDER_ENV, "")
+            if not (launcher.isdigit() and held_by(run_dir / LOCK_FILE, int(launcher))):
+                refused = (type(e).__name__, e.message, e.fix)
+        except StorageError as e:
+            refused = (type(e).__name__, e.message, e.fix)
+    refused = dist.broadcast_object(refused)
+    if refused is not None:
+        kind, message, fix = refused
+        raise _ERRORS[kind](message, fix)
+    try:
+        yield lock
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def ensure_writable(run_dir: Path) -> None:

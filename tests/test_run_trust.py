@@ -1,0 +1,298 @@
+"""Trust in `trainguard run`'s exits: the run-dir lock, one JSON object per exit, signals, D104,
+errors never masked by cleanup, and bad input that is refused before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from runhelpers import run_cli, tiny_recipe_dict
+from trainguard.cli import app
+from trainguard.errors import EXIT_HANG, EXIT_INTERRUPTED, EXIT_TERMINATED, RunDirBusyError
+from trainguard.util.runlock import LOCK_FILE, FolderLock, read_holder
+
+RESUME = ["--set", "train.max_steps=16"]  # a finished 12-step copy resumes from step 12
+
+
+def start_cli(*args: str, inject: str = "") -> subprocess.Popen:
+    """`python -m trainguard ARGS` in the background, as a user's terminal would run it."""
+    env = {**os.environ, "CI": "1"}
+    env.pop("TRAINGUARD_INJECT", None)
+    if inject:
+        env["TRAINGUARD_INJECT"] = inject
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainguard", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until(proc: subprocess.Popen, ready, what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"exited {proc.returncode} before {what}:\n{out}\n{err[-3000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def steps_logged(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return path.read_text().count('"kind": "step"') if path.exists() else 0
+
+
+def one_json(stdout: str) -> dict:
+    """stdout holds exactly one JSON object (json.loads refuses anything after it)."""
+    return json.loads(stdout)
+
+
+def codes(payload: dict) -> list[str]:
+    return [f["code"] for f in payload["findings"]]
+
+
+# --- the run-dir lock ------------------------------------------------------------------------
+def test_run_dir_lock_refuses_a_second_run_and_a_killed_holder_is_taken_over(
+    tiny_recipe: Path, tiny_run_copy: Path
+) -> None:
+    args = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "-q", *RESUME]
+    first = start_cli(*args, inject="hang@14")  # resumes from 12, then hangs in step 14
+    try:
+        wait_until(first, lambda: steps_logged(tiny_run_copy) >= 13, "the first run's step 13")
+        second = run_cli(*args, "--json")
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert f"pid {first.pid}" in second.stderr and "--run-dir" in second.stderr
+        assert "Traceback" not in second.stderr
+        refused = one_json(second.stdout)
+        assert refused["ok"] is False and refused["exit_status"] == 2
+        assert f"pid {first.pid}" in refused["error"]["message"]
+        assert steps_logged(tiny_run_copy) == 13  # the refused run wrote nothing
+    finally:
+        first.kill()  # SIGKILL: no cleanup at all; the kernel releases the flock
+        first.communicate()
+    # The run that takes over also meets a NaN batch: its guard skips the update, the run
+    # finishes, so it is ok with an R101 finding of its own severity.
+    third = run_cli(*args, "--json", env={"TRAINGUARD_INJECT": "nan@14"})
+    assert third.returncode == 0, third.stderr[-3000:]
+    done = one_json(third.stdout)
+    assert done["ok"] is True and done["exit_status"] == 0
+    assert done["resumed_from"] == 12 and done["final_step"] == 16
+    assert "R101" in codes(done) and any(f["severity"] == "error" for f in done["findings"])
+    assert read_holder(tiny_run_copy / LOCK_FILE) is None  # released at the end
+
+
+def test_folder_lock_names_its_holder_and_refuses_a_symlink(tmp_path: Path) -> None:
+    held = FolderLock(tmp_path / "run", "trainguard run").acquire()
+    holder = read_holder(tmp_path / "run" / LOCK_FILE)
+    assert holder is not None and holder["pid"] == os.getpid()
+    assert holder["command"] == "trainguard run" and holder["host"] and holder["started"]
+    # flock locks belong to an open file: a second open in this very process is refused too.
+    with pytest.raises(RunDirBusyError, match=f"pid {os.getpid()}") as e:
+        FolderLock(tmp_path / "run", "trainguard scale run").acquire()
+    assert e.value.exit_status == 2 and "--run-dir" in e.value.fix
+    held.release()
+    FolderLock(tmp_path / "run", "trainguard run").acquire().release()
+    (tmp_path / "elsewhere").write_text("x")
+    (tmp_path / "planted").mkdir()
+    (tmp_path / "planted" / LOCK_FILE).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(Exception, match="cannot lock"):
+        FolderLock(tmp_path / "planted", "trainguard run").acquire()
+    assert (tmp_path / "elsewhere").read_text() == "x"
+
+
+def test_scale_run_refuses_a_locked_output_folder(tiny_recipe: Path, tmp_path: Path) -> None:
+    out = tmp_path / "scale"
+    held = FolderLock(out, "trainguard scale run").acquire()
+    try:
+        res = run_cli(
+            "scale", "run", str(tiny_recipe), "--grid", "train.max_steps=2", "--out", str(out)
+        )
+    finally:
+        held.release()
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert f"pid {os.getpid()}" in res.stderr and "Traceback" not in res.stderr
+    assert not (out / "runs.csv").exists() and not list(out.glob("*=*"))
+
+
+# --- `run --json`: one object on every exit, `ok` agrees with the exit status ------------------
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--nproc", "0"], "--nproc 0"),
+        (["--nproc", "-3"], "--nproc -3"),
+        (["--max-restarts", "-1"], "--max-restarts -1"),
+        (["--nproc", "two"], "--nproc"),  # a usage error found by the parser
+        (["--set", "train.nope=1"], "train.nope"),
+    ],
+)
+def test_run_json_bad_input_is_one_object_and_exit_2(
+    tiny_recipe: Path, tmp_path: Path, flags: list[str], says: str
+) -> None:
+    run_dir = tmp_path / "run"
+    res = CliRunner().invoke(
+        app, ["run", str(tiny_recipe), "--run-dir", str(run_dir), "--json", *flags]
+    )
+    assert res.exit_code == 2, res.output
+    payload = one_json(res.stdout)
+    assert payload["ok"] is False and payload["exit_status"] == 2
+    assert says in payload["error"]["message"]
+    assert not run_dir.exists()  # refused before anything was written
+
+
+def test_run_json_halt_is_one_object_and_exit_1(small_corpus: Path, cache_dir: Path, tmp_path):
+    recipe = tiny_recipe_dict(small_corpus, cache_dir)
+    recipe["guards"] = {"actions": {"R101": "halt"}}
+    path = tmp_path / "halt.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    args = ["run", str(path), "--run-dir", str(tmp_path / "run"), "--json", "-q"]
+    res = run_cli(*args, env={"TRAINGUARD_INJECT": "nan@2"})
+    assert res.returncode == 1, res.stderr[-3000:]
+    payload = one_json(res.stdout)
+    assert payload["ok"] is False and payload["exit_status"] == 1
+    assert payload["error"]["type"] == "RunHalted" and "halted" in payload["error"]["message"]
+    assert "R101" in codes(payload) and payload["final_step"] == 1
+
+
+def test_run_json_hang_is_one_object_and_exit_3(small_corpus: Path, cache_dir: Path, tmp_path):
+    recipe = tiny_recipe_dict(small_corpus, cache_dir)
+    recipe["guards"] = {"hang_floor_s": 2}
+    path = tmp_path / "hang.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    args = ["run", str(path), "--run-dir", str(tmp_path / "run"), "--json", "-q"]
+    res = run_cli(*args, env={"TRAINGUARD_INJECT": "hang@3"})
+    assert res.returncode == EXIT_HANG, res.stderr[-3000:]
+    payload = one_json(res.stdout)
+    assert payload["ok"] is False and payload["exit_status"] == EXIT_HANG
+    assert "R210" in codes(payload) and "resume" in payload["error"]["fix"]
+
+
+# --- D104: data changed since the checkpoint --------------------------------------------------
+def test_changed_data_stops_the_resume_unless_accepted(small_corpus: Path, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    shutil.copytree(small_corpus / "email", corpus / "email")
+    recipe = tiny_recipe_dict(corpus, tmp_path / "cache")
+    recipe["train"]["max_steps"] = 2
+    recipe["checkpoint"]["interval"] = 2
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    run_dir = tmp_path / "run"
+    args = ["run", str(path), "--run-dir", str(run_dir), "--json", "-q"]
+    assert run_cli(*args).returncode == 0
+    with open(corpus / "email" / "utils.py", "a") as f:
+        f.write("\n# an edit after the run started\n")
+    more = ["--set", "train.max_steps=4"]
+    stopped = run_cli(*args, *more)
+    assert stopped.returncode == 1, stopped.stderr[-3000:]
+    payload = one_json(stopped.stdout)
+    assert payload["ok"] is False and "D104" in codes(payload)
+    assert "--accept-data-change" in stopped.stderr
+    assert steps_logged(run_dir) == 2  # stopped before training on the new data
+    accepted = run_cli(*args, *more, "--accept-data-change")
+    assert accepted.returncode == 0, accepted.stderr[-3000:]
+    payload = one_json(accepted.stdout)
+    assert payload["ok"] is True and payload["final_step"] == 4 and "D104" in codes(payload)
+
+
+# --- errors are never masked by cleanup ------------------------------------------------------
+def _limit_file_size(limit: int):
+    def apply() -> None:
+        # A real kernel limit: writes past `limit` bytes fail (EFBIG), as on a full disk.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    ("limit", "says"),
+    [
+        (0, "cannot write to run dir"),  # nothing can be written: a read-only run dir
+        (100_000, "checkpoint"),  # the checkpoint write fails; the report would fail too
+    ],
+)
+def test_write_failure_is_exit_2_not_a_traceback_from_cleanup(
+    tiny_recipe: Path, tiny_run_copy: Path, limit: int, says: str
+) -> None:
+    before = (tiny_run_copy / "metrics.jsonl").read_bytes()
+    args = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "-q", "--json", *RESUME]
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_INJECT"}
+    res = subprocess.run(
+        [sys.executable, "-m", "trainguard", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=_limit_file_size(limit),
+        timeout=240,
+    )
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert says in res.stderr.lower() and "Traceback" not in res.stderr
+    payload = one_json(res.stdout)
+    assert payload["exit_status"] == 2 and says in payload["error"]["message"].lower()
+    if limit == 0:
+        assert (tiny_run_copy / "metrics.jsonl").read_bytes() == before
+
+
+# --- signals ---------------------------------------------------------------------------------
+def test_sigterm_stops_like_ctrl_c_and_leaves_no_backstop_file(
+    tiny_recipe: Path, tiny_run_copy: Path
+) -> None:
+    args = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "-q", "--json", *RESUME]
+    proc = start_cli(*args, inject="hang@14")
+    backstop = tiny_run_copy / f"hang-backstop-{proc.pid}.txt"
+    wait_until(proc, backstop.exists, "the hang watchdog's backstop file")
+    wait_until(proc, lambda: steps_logged(tiny_run_copy) >= 13, "step 13")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_TERMINATED, err[-3000:]
+    assert "Traceback" not in err and "Fatal Python error" not in err
+    payload = one_json(out)
+    assert payload["exit_status"] == EXIT_TERMINATED and payload["final_step"] == 13
+    assert not list(tiny_run_copy.glob("hang-*")), list(tiny_run_copy.iterdir())
+
+
+def test_a_second_ctrl_c_during_shutdown_exits_130(tiny_recipe: Path, tiny_run_copy: Path) -> None:
+    args = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), *RESUME]
+    report = tiny_run_copy / "report.html"
+    written = report.stat().st_mtime_ns
+    proc = start_cli(*args, inject="hang@14")
+    wait_until(proc, lambda: steps_logged(tiny_run_copy) >= 13, "step 13")
+    proc.send_signal(signal.SIGINT)
+    # The report is rewritten on the way out: the second Ctrl-C lands in the shutdown after it.
+    deadline = time.monotonic() + 120
+    while report.stat().st_mtime_ns == written and proc.poll() is None:
+        assert time.monotonic() < deadline, "the interrupted run never wrote its report"
+        time.sleep(0.005)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "Fatal Python error" not in err and "Traceback" not in err
+
+
+# --- drill: its recipe and --set are checked before any drill runs ----------------------------
+@pytest.mark.parametrize(
+    "flags",
+    [["--recipe", "MISSING.yaml"], ["--set", "train.nope=1"], ["--set", "train.lr"]],
+)
+def test_drill_bad_recipe_or_set_is_exit_2_before_any_drill(
+    tmp_path: Path, flags: list[str]
+) -> None:
+    res = CliRunner().invoke(app, ["drill", "--workdir", str(tmp_path / "w"), *flags])
+    assert res.exit_code == 2, res.output
+    assert (flags[1].split("=")[0]) in res.output
+    assert not (tmp_path / "w").exists() or not list((tmp_path / "w").iterdir())
