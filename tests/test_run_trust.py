@@ -72,8 +72,10 @@ def test_run_dir_lock_refuses_a_second_run_and_a_killed_holder_is_taken_over(
 ) -> None:
     args = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "-q", *RESUME]
     first = start_cli(*args, inject="hang@14")  # resumes from 12, then hangs in step 14
+    backstop = tiny_run_copy / f"hang-backstop-{first.pid}.txt"  # its watchdog is armed
     try:
         wait_until(first, lambda: steps_logged(tiny_run_copy) >= 13, "the first run's step 13")
+        wait_until(first, backstop.exists, "the first run's armed watchdog")
         second = run_cli(*args, "--json")
         assert second.returncode == 2, second.stderr[-3000:]
         assert f"pid {first.pid}" in second.stderr and "--run-dir" in second.stderr
@@ -94,6 +96,7 @@ def test_run_dir_lock_refuses_a_second_run_and_a_killed_holder_is_taken_over(
     assert done["resumed_from"] == 12 and done["final_step"] == 16
     assert "R101" in codes(done) and any(f["severity"] == "error" for f in done["findings"])
     assert read_holder(tiny_run_copy / LOCK_FILE) is None  # released at the end
+    assert not backstop.exists()  # the killed run's unused backstop file was cleared
 
 
 def test_folder_lock_names_its_holder_and_refuses_a_symlink(tmp_path: Path) -> None:
@@ -127,6 +130,30 @@ def test_scale_run_refuses_a_locked_output_folder(tiny_recipe: Path, tmp_path: P
     assert res.returncode == 2, res.stderr[-3000:]
     assert f"pid {os.getpid()}" in res.stderr and "Traceback" not in res.stderr
     assert not (out / "runs.csv").exists() and not list(out.glob("*=*"))
+
+
+@pytest.mark.slow  # two torchrun workers (~15 s); the --nproc launcher's lock is exercised by
+# test_distributed_gloo.py's elastic resume, whose workers must not wait on their launcher
+def test_external_torchrun_job_is_refused_on_every_rank(tiny_recipe: Path, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1"]
+    launcher += ["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-id", "job1"]
+    launcher += ["--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1"]
+    env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_INJECT"}
+    with FolderLock(run_dir, "a test holder"):
+        res = subprocess.run(
+            [*launcher, "-m", "trainguard", "run", str(tiny_recipe), "--run-dir", str(run_dir)]
+            + ["-q", "--json"],
+            capture_output=True,
+            text=True,
+            env={**env, "CI": "1"},
+            timeout=300,
+        )
+    assert res.returncode != 0
+    assert res.stderr.count(f"in use by pid {os.getpid()}") == 2, res.stderr[-3000:]  # each rank
+    payload = one_json(res.stdout)  # rank 0 alone prints
+    assert payload["exit_status"] == 2 and payload["error"]["type"] == "RunDirBusyError"
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE]
 
 
 # --- `run --json`: one object on every exit, `ok` agrees with the exit status ------------------

@@ -3,7 +3,8 @@
 The exit table, for every command (README, "Commands"):
 
     0    success: a check found no error; `run` finished (faults its guards handled are findings)
-    1    error findings; `run`: a guard halted it, pre-flight failed, or its data changed (D104)
+    1    error findings; `run`: a guard halted it, pre-flight failed, no checkpoint is usable
+         (C107), or its data changed (D104)
     2    bad input or usage (the message names the problem and the fix); nothing was started
     3    `run`: the hang watchdog stopped a stuck step (run the same command again to resume)
     130  interrupted by Ctrl-C (SIGINT), 128 + 2 as a shell reports it

@@ -39,7 +39,8 @@ class _RunCommand(TyperCommand):
             return super().parse_args(ctx, args)
         except _UsageError as e:
             if "--json" in given:
-                result = RunResult.empty(None).with_error(e, e.exit_code)  # type: ignore[attr-defined]
+                result = RunResult.empty(None)
+                result.exit_status = e.exit_code  # type: ignore[attr-defined]  (2)
                 result.error = {
                     "type": "UsageError",
                     "message": e.format_message(),  # type: ignore[attr-defined]
@@ -85,6 +86,7 @@ def _launch_job(
     """`run --nproc`: hold the run dir's lock here for the workers (they know this process by
     the pid in TRAINGUARD_LOCK_HOLDER), set the previous run aside for `--fresh` (`fresh`: the
     recipe), launch them, and collect rank 0's result."""
+    from trainguard.monitors.watchdog import remove_unused_backstops
     from trainguard.train.launch import launch
     from trainguard.train.restore import start_fresh
     from trainguard.train.rundir import ensure_writable
@@ -92,6 +94,9 @@ def _launch_job(
 
     ensure_writable(folder)
     with FolderLock(folder, "trainguard run --nproc"), tempfile.TemporaryDirectory() as tmp:
+        # Under the lock with no worker alive, the empty backstop files are killed runs' (the
+        # agent stops workers with SIGTERM, whose default action they keep).
+        remove_unused_backstops(folder)
         if fresh is not None:  # here, once, under the lock, before any worker looks
             for f in start_fresh(fresh, folder):
                 err_console.print(f"{f.code}: {f.message}", markup=False, soft_wrap=True)
@@ -103,6 +108,7 @@ def _launch_job(
         finally:
             os.environ.pop(HOLDER_ENV, None)
             os.environ.pop(RESULT_ENV, None)
+            remove_unused_backstops(folder)
         try:
             result = RunResult.from_dict(json.loads(result_file.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):

@@ -55,7 +55,8 @@ register(
         "tokenizer) the same ids are different text, so the resumed run silently replays, "
         "skips or mixes data, and its loss curve is not comparable.",
         fix="Resume with the original data (same source files, same tokenizer settings), or start "
-        "a new run directory for the new data.",
+        "a new run directory for the new data. `trainguard run` stops such a resume (exit 1); "
+        "`--accept-data-change` continues on the new data on purpose.",
         false_positives="None: even an innocent edit changes which text each sample id means.",
     ),
     Code(

@@ -232,3 +232,13 @@ class Watchdog:
             sys.stderr.flush()
             os._exit(self.exit_status)
         return finding
+
+
+def remove_unused_backstops(run_dir: str | Path) -> None:
+    """Remove the empty backstop files of processes killed while their watchdog was armed (a
+    SIGKILL; SIGTERM's default action in a torchrun worker). Call it only while no watchdog of
+    `run_dir` runs: under the run dir's lock, before training starts or after the job ended."""
+    for path in Path(run_dir).glob("hang-backstop-*.txt"):
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == 0:  # armed, never written: a dump is evidence, kept
+                path.unlink()

@@ -25,6 +25,7 @@ import yaml
 
 from trainguard.config.load import RESUMABLE_KEYS, recipe_diff
 from trainguard.errors import ResumeMismatchError, RunDirBusyError, StorageError, TrainguardError
+from trainguard.monitors.watchdog import remove_unused_backstops
 from trainguard.util.atomic import atomic_write_text
 from trainguard.util.runlock import HOLDER_ENV, LOCK_FILE, FolderLock, held_by
 
@@ -61,6 +62,8 @@ def hold_run_dir(run_dir: Path, dist: Dist) -> Iterator[FolderLock | None]:
     if refused is not None:
         kind, message, fix = refused
         raise _ERRORS[kind](message, fix)
+    if lock is not None:  # no watchdog of this run dir runs now: the others are killed runs'
+        remove_unused_backstops(run_dir)
     try:
         yield lock
     finally:
