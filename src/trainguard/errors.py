@@ -80,7 +80,8 @@ class RunDirBusyError(BadInputError):
 
 
 class RunHalted(TrainguardError):
-    """A guard decided to halt the run (too many rollbacks, an unrecoverable fault)."""
+    """A guard decided to halt the run (too many rollbacks, an unrecoverable fault), or a resume
+    stopped because the data changed since the checkpoint (D104)."""
 
     exit_status = EXIT_FINDINGS
 
