@@ -403,6 +403,11 @@ class Guard:
             metrics = {k: v for k, v in values.items() if v is not None}
             self.sinks.write({"kind": "step", "step": step, **metrics, "action": decision.action})
 
+    def report(self, findings: list[Finding]) -> None:
+        """Record findings made outside the detectors (a checkpoint that failed verification
+        on resume) where the guard's own go: guard.jsonl and every sink."""
+        self._log_findings(findings)
+
     def _log_findings(self, findings: list[Finding]) -> None:
         """Findings to guard.jsonl and to every sink."""
         for row in ({"kind": "finding", **f.to_dict()} for f in findings):

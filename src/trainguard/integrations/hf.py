@@ -1,47 +1,313 @@
-"""Hugging Face `Trainer` adapter: `Trainer(..., callbacks=[TrainguardCallback()])`.
+"""Hugging Face `Trainer` adapter: `GuardedTrainer` (or `GuardedTrainerMixin` for a Trainer
+subclass of your own) and its `TrainguardCallback`.
 
-Before each optimizer step the gradient norm is computed from the model and scored; a skip
-clears the gradients so the Trainer's optimizer step changes nothing. Logged losses (every
-`logging_steps`) feed the loss detectors. A rollback or halt stops training
-(`control.should_training_stop`); resume from the last checkpoint with `resume_from_checkpoint`.
+    trainer = GuardedTrainer(model=model, args=args, train_dataset=ds, guard=Guard(run_dir=out))
+    trainer.train(resume_from_checkpoint=True)   # the newest checkpoint-N that verifies
+
+Why a Trainer subclass and not only a callback: the Trainer clips the gradients
+(`max_grad_norm`, 1.0 by default) before `on_pre_optimizer_step`, the first hook after the
+backward pass, so a callback only ever sees the clipped norm: a 1000x spike looks like any other
+step. And no hook receives the step's loss: `on_log` gets the average over `logging_steps` with
+NaNs filtered out, after the update. `GuardedTrainer.training_step` (the Trainer's documented
+override point) sums the micro-batch losses of the optimizer step and, on its last micro-batch
+(the gradients complete and, under DDP, all-reduced), scores that loss and the pre-clip gradient
+norm with `Guard.step` before the Trainer clips and steps. The callback, which the trainer
+installs itself, does what happens after the update: the distributed guards, no save after a
+rollback or halt decision, and each `checkpoint-N` saved with the guard's state and a manifest.
+
+Per optimizer step (counted from 0 like every trainguard step: the Trainer's `global_step`
+before the update):
+- skip: the gradients are dropped before clipping, so `optimizer.step()` changes nothing (torch
+  optimizers pass over parameters without gradients: no update, no moment or weight-decay
+  change, no step count). The Trainer still advances `global_step` and steps the LR scheduler:
+  the batch is consumed, as in `trainguard run`.
+- rollback (R104 divergence, R204 repeated skips, H201 replicas): no update, no save; training
+  stops, `Guard.rollback` restores the guard and the sampler from the newest `checkpoint-N`
+  (N <= this step) that verifies and makes the sampler skip the bad steps' samples at or after
+  N, and `train()` resumes from that folder by itself (weights, optimizer, scheduler, RNG,
+  `global_step` = N). Step N then reads the next global batch no rollback marked bad.
+- halt (R203): no update, no save; `train()` raises RunHalted.
+
+Data: the training sampler is an `ElasticSampler` (`trainer.elastic_sampler`) over the whole
+run (`max_steps` is required), its global batch the Trainer's total train batch size; the
+Trainer's own resume skips the first N steps' batches. Under torchrun/accelerate with DDP, the
+default guard is `Guard(distributed=True)`: the step's metrics are averaged over the ranks so
+every rank decides alike, phases are timed (stragglers, H202), replicas are compared before each
+save (H201), and a hung rank is named (R301). DeepSpeed and FSDP keep gradients elsewhere and
+are not supported.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
 from typing import Any
 
 try:
-    from transformers import TrainerCallback
+    from transformers import Trainer, TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "trainguard.integrations.hf needs Hugging Face transformers: pip install transformers"
+        "trainguard.integrations.hf needs Hugging Face transformers: pip install "
+        "'trainguard[hf]'"
     ) from e
 
-from trainguard.guard import Decision, Guard
-from trainguard.integrations import clear_grads
+from trainguard.data.sampler import ElasticSampler
+from trainguard.errors import BadInputError, ConfigError, CorruptError
+from trainguard.guard import Decision, Guard, grad_norm_of
+from trainguard.integrations.verified import (
+    commit_folder,
+    newest_verified,
+    quarantine,
+    verify_folder,
+)
+
+log = logging.getLogger(__name__)
+STATE_FILE = "trainguard_state.json"
+PREFIX = f"{PREFIX_CHECKPOINT_DIR}-"
+
+
+def _default_guard(args: Any) -> Guard:
+    distributed = args.world_size > 1
+    # One guard.jsonl per job: the ranks take the same decisions; rank 0 records them.
+    return Guard(run_dir=args.output_dir if args.process_index == 0 else None, distributed=distributed)
+
+
+class _TrainerCheckpoints:
+    """`Guard.rollback`'s checkpointer over the Trainer's `checkpoint-N` folders: `load_latest`
+    restores the guard and the sampler from the newest folder that verifies (N <= `at_most`);
+    the Trainer restores everything else when `train` resumes from `folder`."""
+
+    def __init__(self, trainer: GuardedTrainerMixin, at_most: int | None = None) -> None:
+        self.trainer, self.at_most = trainer, at_most
+        self.folder: Path | None = None
+        self.last_findings: list[Any] = []
+
+    def load_latest(self, state: dict[str, Any]) -> int | None:
+        t = self.trainer
+        v = newest_verified(t.args.output_dir, PREFIX, at_most=self.at_most)  # on every rank
+        t.accelerator.wait_for_everyone()
+        if t.args.should_save:  # one process moves the rejected folders aside
+            for folder in v.rejected:
+                quarantine(folder)
+        t.accelerator.wait_for_everyone()
+        self.last_findings = v.findings
+        if v.folder is None:
+            return None
+        self.folder = v.folder
+        load_state_file(v.folder, state)
+        return v.step
+
+
+def load_state_file(folder: Path, state: dict[str, Any]) -> None:
+    """Restore the objects in `state` (guard, sampler) from a folder's trainguard_state.json."""
+    try:
+        saved = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        for key, obj in state.items():
+            obj.load_state_dict(saved[key])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CorruptError(
+            f"{folder / STATE_FILE} does not hold the guard and sampler state: {e}",
+            f"resume from a checkpoint a GuardedTrainer saved (it writes {STATE_FILE})",
+        ) from None
+
+
+class GuardedTrainerMixin:
+    """Mix into a `transformers.Trainer` subclass (first in the bases): `class MyTrainer(
+    GuardedTrainerMixin, SFTTrainer)`. Extra keyword: `guard` (default: `Guard(run_dir=
+    args.output_dir)`, distributed under a multi-process launch)."""
+
+    args: Any
+    state: Any
+    control: Any
+    optimizer: Any
+    accelerator: Any
+    train_dataset: Any
+
+    def __init__(self, *args: Any, guard: Guard | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.guard = guard if guard is not None else _default_guard(self.args)
+        self.elastic_sampler: ElasticSampler | None = None
+        self.checkpoint_findings: list[Any] = []  # checkpoints passed over on resume/rollback
+        self.stop_decision: Decision | None = None  # the rollback or halt that stopped train()
+        self._step_loss: Any = None
+        self.add_callback(TrainguardCallback(self))  # type: ignore[attr-defined]
+
+    # --- data ---------------------------------------------------------------------------------
+    def _get_train_sampler(self, train_dataset: Any = None) -> ElasticSampler:
+        return self._sampler()
+
+    def _sampler(self) -> ElasticSampler:
+        if self.elastic_sampler is None:
+            a = self.args
+            if a.max_steps <= 0:
+                raise ConfigError(
+                    "GuardedTrainer reads the data through trainguard's ElasticSampler, which "
+                    "needs the run's length",
+                    "set TrainingArguments(max_steps=...) instead of num_train_epochs",
+                )
+            if a.ignore_data_skip:
+                raise ConfigError(
+                    "ignore_data_skip=True would replay the first batches after a resume or a "
+                    "rollback",
+                    "leave TrainingArguments.ignore_data_skip at False",
+                )
+            if self.train_dataset is None or not hasattr(self.train_dataset, "__len__"):
+                raise ConfigError(
+                    "GuardedTrainer needs a map-style train_dataset (with __len__)",
+                    "pass a torch Dataset or a datasets.Dataset, not an IterableDataset",
+                )
+            global_batch = self._train_batch_size * a.gradient_accumulation_steps * a.world_size
+            seed = a.data_seed if a.data_seed is not None else a.seed
+            # world_size=1: the sampler yields the global stream, which accelerate splits into
+            # the ranks' micro-batches (each step = one block of `global_batch` samples).
+            self.elastic_sampler = ElasticSampler(
+                len(self.train_dataset), global_batch_size=global_batch, seed=seed, rank=0,
+                world_size=1, max_steps=a.max_steps,
+            )  # fmt: skip
+        return self.elastic_sampler
+
+    # --- the guarded step ---------------------------------------------------------------------
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+        step = self.state.global_step  # updates done before this one
+        with self.guard.phase("forward", step):  # a failed all-reduce names the hung rank
+            loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+        # Each micro-batch's loss is already divided by the accumulation: the sum is the step's.
+        self._step_loss = loss if self._step_loss is None else self._step_loss + loss
+        if self.accelerator.sync_gradients:  # the optimizer step's last micro-batch
+            self._judge(model, step)
+        return loss
+
+    def _judge(self, model: Any, step: int) -> None:
+        loss, self._step_loss = self._step_loss, None
+        norm = grad_norm_of(model)  # before the Trainer clips
+        scaler = getattr(self.accelerator, "scaler", None)
+        if scaler is not None and scaler.is_enabled():  # fp16: the gradients are still scaled
+            norm /= float(scaler.get_scale())
+        decision = self.guard.step(step, loss=loss, grad_norm=norm, optimizer=self.optimizer)
+        self._stop_on(decision)
+        if self.guard.distributed is not None:
+            self.guard.distributed.mark("optimizer")
+
+    def _stop_on(self, decision: Decision) -> None:
+        if decision.action in ("rollback", "halt"):
+            self.stop_decision = decision
+            self.control.should_training_stop = True
+
+    # --- train, resume, roll back -------------------------------------------------------------
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
+        """`Trainer.train`, resuming only from a checkpoint that verifies, and rolling back
+        in-process when the guard asks for it. `resume_from_checkpoint=True`: the newest
+        `checkpoint-N` that verifies (newer corrupt ones are reported and quarantined)."""
+        sampler = self._sampler()
+        state = {"guard": self.guard, "sampler": sampler}
+        resume = self._resume_folder(resume_from_checkpoint, state)
+        while True:
+            self.stop_decision, self._step_loss = None, None
+            output = super().train(resume_from_checkpoint=resume, **kwargs)  # type: ignore[misc]
+            stop = self.stop_decision
+            if stop is None:
+                return output
+            stop.raise_if_halt()
+            checkpoints = _TrainerCheckpoints(self, at_most=stop.step)
+            self.guard.rollback(checkpoints, state, sampler)  # RunHalted if none verifies
+            self.checkpoint_findings += checkpoints.last_findings
+            resume = str(checkpoints.folder)
+            log.warning("trainguard: rolled back from step %s to %s", stop.step, resume)
+
+    def _resume_folder(self, resume: str | bool | None, state: dict[str, Any]) -> str | None:
+        if resume is None or resume is False:
+            return None
+        if resume is True:
+            checkpoints = _TrainerCheckpoints(self)
+            step = checkpoints.load_latest(state)
+            self._report(checkpoints.last_findings)
+            if step is None:
+                raise CorruptError(
+                    f"C107: no {PREFIX}N folder under {self.args.output_dir} verifies "
+                    f"({len(checkpoints.last_findings)} findings; rejected folders are in "
+                    "quarantine/)",
+                    "restore a checkpoint from a copy, or train from scratch with "
+                    "resume_from_checkpoint=None in a new output_dir",
+                )
+            return str(checkpoints.folder)
+        folder = Path(resume)
+        name = folder.name
+        if not name.startswith(PREFIX) or not name[len(PREFIX) :].isdigit():
+            raise BadInputError(
+                f"{folder} is not a {PREFIX}N folder",
+                "pass a checkpoint folder the Trainer saved, or True for the newest that verifies",
+            )
+        problems = verify_folder(folder, int(name[len(PREFIX) :]))
+        if problems:
+            self._report(problems)
+            raise CorruptError(
+                f"{folder} fails verification: " + "; ".join(f.message for f in problems),
+                "resume_from_checkpoint=True takes the newest checkpoint that verifies",
+            )
+        load_state_file(folder, state)
+        return str(folder)
+
+    def _report(self, findings: list[Any]) -> None:
+        self.checkpoint_findings += findings
+        self.guard.report(findings)
+        for f in findings:
+            log.warning("trainguard: %s", f)
+
+
+class GuardedTrainer(GuardedTrainerMixin, Trainer):
+    """`transformers.Trainer` with trainguard's guard on every optimizer step."""
 
 
 class TrainguardCallback(TrainerCallback):
-    def __init__(self, guard: Guard | None = None, run_dir: str | None = None) -> None:
-        self.guard = guard or Guard(run_dir=run_dir)
-        self.decisions: list[Decision] = []
+    """The part of the guard a callback can do, installed by `GuardedTrainer` itself: after each
+    update the distributed guards; no save once a rollback or halt is decided; each saved
+    `checkpoint-N` completed with the guard's and the sampler's state (`trainguard_state.json`)
+    and, last, the manifest."""
 
-    def _act(self, d: Decision, control: Any, model: Any = None) -> None:
-        if d.findings:
-            self.decisions.append(d)
-        if d.action != "apply" and model is not None:
-            clear_grads(model)
-        if d.action in ("rollback", "halt"):
-            control.should_training_stop = True
+    def __init__(self, trainer: GuardedTrainerMixin | None = None) -> None:
+        self.trainer = trainer
 
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        d = self.guard.step(state.global_step, model=model)  # grad norm from the gradients
-        self._act(d, control, model)
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.trainer is None:
+            raise ConfigError(
+                "TrainguardCallback in a plain Trainer would see the clipped gradient norm "
+                "and the loss averaged over logging_steps, after the update",
+                "use trainguard.integrations.hf.GuardedTrainer (or mix GuardedTrainerMixin into "
+                "your Trainer subclass): it installs this callback itself",
+            )
         return control
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        logs = logs or {}
-        if "loss" in logs:
-            d = self.guard.step(state.global_step, loss=logs["loss"])
-            self._act(d, control)
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        t = self.trainer
+        assert t is not None
+        done = state.global_step - 1  # the update just applied (or skipped)
+        if t.stop_decision is None:
+            end = t.guard.end_step(
+                done, kwargs.get("model"), t.optimizer, checkpoint_due=control.should_save
+            )
+            t._stop_on(end)
+            if t.guard.distributed is not None:
+                t.guard.distributed.mark("data")
+        if t.stop_decision is not None:
+            control.should_save = False  # never save a state a rollback is about to undo
+            control.should_training_stop = True
+        return control
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.trainer is not None and self.trainer.stop_decision is not None:
+            control.should_save = False
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        t = self.trainer
+        assert t is not None
+        t.accelerator.wait_for_everyone()  # every rank's files (rng_state_<r>.pth) are written
+        if args.should_save:
+            folder = Path(args.output_dir) / f"{PREFIX}{state.global_step}"
+            saved = {"guard": t.guard.state_dict(), "sampler": t._sampler().state_dict()}
+            (folder / STATE_FILE).write_text(json.dumps(saved), encoding="utf-8")
+            commit_folder(folder, state.global_step, {"writer": "trainguard.integrations.hf"})
+        t.accelerator.wait_for_everyone()  # nobody reads the folder before it is committed
         return control

@@ -1,45 +1,263 @@
-"""Lightning adapter: `Trainer(callbacks=[TrainguardLightningCallback()])`.
+"""Lightning adapter: `TrainguardLightningCallback`, its `VerifiedModelCheckpoint` companion
+and `fit`, which resumes from a verified checkpoint and rolls back in-process.
 
-`on_before_optimizer_step` scores the gradient norm before the update and clears the gradients
-of a step that must be skipped; `on_train_batch_end` feeds the step's loss. A rollback or halt
-sets `trainer.should_stop`; resume from the last checkpoint (`ckpt_path="last"`).
+    sampler = ElasticSampler(len(ds), global_batch_size=32, seed=0)   # endless: max_steps ends it
+    loader = DataLoader(ds, sampler=sampler, batch_size=32)
+    guard_cb = TrainguardLightningCallback(sampler, guard=Guard(run_dir="runs/l"))
+    ckpt = VerifiedModelCheckpoint("runs/l/checkpoints", every_n_train_steps=100)
+    trainer = L.Trainer(max_steps=1000, gradient_clip_val=1.0, callbacks=[guard_cb, ckpt])
+    fit(trainer, module, train_dataloaders=loader)
+
+Per optimizer step (counted from 0: `trainer.global_step` before the update), in one decision:
+`on_before_backward` adds up the step's loss (each micro-batch's, already divided by the
+accumulation), and `on_before_optimizer_step`, which Lightning calls after the backward pass
+and BEFORE it clips (`gradient_clip_val`), scores that loss and the unclipped gradient norm.
+- skip: the gradients are dropped, so the optimizer step changes nothing (no update, no moment,
+  weight-decay or step-count change); `global_step` and a per-step LR scheduler still advance.
+- rollback (R104, R204, H201) or halt (R203): no update; training stops (`trainer.should_stop`)
+  and the companion saves nothing more. `fit` then resumes from the newest `step-N` folder that
+  verifies (N <= the step): Lightning restores the weights, optimizer, schedulers and loops, and
+  this callback's `load_state_dict` completes `Guard.rollback`: the checkpoint's detector
+  windows, the guard's own counters kept, the sampler's skips kept and the bad steps at or after
+  N added. A halt raises RunHalted from `fit`.
+
+State: the guard's and the sampler's state travel in the callback's `state_dict` (in every
+Lightning checkpoint). Data: the `ElasticSampler` must be the train loader's sampler, endless
+(no `max_steps`; the Trainer's `max_steps` ends the run): a resumed fit starts its iterator at
+the restored step (Lightning cannot fast-forward a plain DataLoader). Under DDP build it with
+`rank=trainer.global_rank, world_size=trainer.world_size` and pass
+`Trainer(use_distributed_sampler=False)`; `Guard(distributed=True)` adds the replica, straggler
+and hung-rank guards. Automatic optimization only.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 try:
-    from lightning.pytorch.callbacks import Callback
-except ImportError:  # pragma: no cover - depends on the environment
-    try:
-        from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
-    except ImportError as e:
-        raise ImportError(
-            "trainguard.integrations.lightning needs Lightning: pip install lightning"
-        ) from e
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "trainguard.integrations.lightning needs Lightning: pip install 'trainguard[lightning]'"
+    ) from e
 
-from trainguard.guard import Decision, Guard
-from trainguard.integrations import clear_grads
+from trainguard.checkpoint.manifest import MANIFEST
+from trainguard.data.sampler import ElasticSampler
+from trainguard.errors import ConfigError, RunHalted
+from trainguard.guard import Decision, Guard, grad_norm_of
+from trainguard.integrations.verified import (
+    Verified,
+    commit_folder,
+    newest_verified,
+    quarantine,
+)
+
+PREFIX = "step-"
+CKPT_NAME = "checkpoint"
+
+
+class _LoadedState:
+    """`Guard.rollback`'s checkpointer once Lightning has read the checkpoint: `load_latest`
+    hands the callback's saved state to the guard and the sampler."""
+
+    def __init__(self, saved: dict[str, Any], step: int) -> None:
+        self.saved, self.step = saved, step
+
+    def load_latest(self, state: dict[str, Any]) -> int:
+        for key, obj in state.items():
+            obj.load_state_dict(self.saved[key])
+        return self.step
 
 
 class TrainguardLightningCallback(Callback):
-    def __init__(self, guard: Guard | None = None, run_dir: str | None = None) -> None:
-        self.guard = guard or Guard(run_dir=run_dir)
-        self.decisions: list[Decision] = []
+    """The guard on every optimizer step of a Lightning `Trainer` (see the module docstring)."""
 
-    def _act(self, d: Decision, trainer: Any, module: Any = None) -> None:
-        if d.findings:
-            self.decisions.append(d)
-        if d.action != "apply" and module is not None:
-            clear_grads(module)
-        if d.action in ("rollback", "halt"):
+    def __init__(
+        self, sampler: ElasticSampler, guard: Guard | None = None, run_dir: str | None = None
+    ) -> None:
+        if not isinstance(sampler, ElasticSampler):
+            raise ConfigError(
+                f"TrainguardLightningCallback needs the train loader's ElasticSampler, got "
+                f"{type(sampler).__name__}",
+                "build the DataLoader with sampler=trainguard.ElasticSampler(...) and pass it",
+            )
+        self.sampler = sampler
+        self.guard = guard if guard is not None else Guard(run_dir=run_dir)
+        self.stop_decision: Decision | None = None  # the rollback or halt that stopped fit
+        self._step_loss: Any = None
+        self._judged: int | None = None  # the step scored, until its update is done
+        self._restored_step = 0
+
+    # --- the guarded step ---------------------------------------------------------------------
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        if self.sampler.world_size != trainer.world_size:
+            raise ConfigError(
+                f"the ElasticSampler slices for {self.sampler.world_size} ranks, the Trainer "
+                f"runs {trainer.world_size}",
+                "build it with rank=trainer.global_rank, world_size=trainer.world_size and pass "
+                "Trainer(use_distributed_sampler=False)",
+            )
+        self.stop_decision, self._step_loss, self._judged = None, None, None
+        self.sampler.set_step(0)  # a fresh fit; a restored checkpoint moves it (load_state_dict)
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        loss = loss.detach()
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None and scaler.is_enabled():  # fp16: the loss arrives scaled
+            loss = loss / scaler.get_scale()
+        self._step_loss = loss if self._step_loss is None else self._step_loss + loss
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        step = trainer.global_step  # updates done before this one
+        loss, self._step_loss = self._step_loss, None
+        decision = self.guard.step(
+            step, loss=loss, grad_norm=grad_norm_of(pl_module), optimizer=optimizer
+        )  # before Lightning clips: the unclipped norm
+        self._judged = step
+        self._stop_on(decision, trainer)
+        if self.guard.distributed is not None:
+            self.guard.distributed.mark("optimizer")
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._judged is None:  # an accumulation micro-batch: no update yet
+            return
+        step, self._judged = self._judged, None
+        if self.stop_decision is None:
+            due = any(
+                c.due(trainer) for c in trainer.callbacks if isinstance(c, VerifiedModelCheckpoint)
+            )
+            end = self.guard.end_step(step, pl_module, trainer.optimizers[0], checkpoint_due=due)
+            self._stop_on(end, trainer)
+        if self.guard.distributed is not None:
+            self.guard.distributed.mark("data")
+
+    def _stop_on(self, decision: Decision, trainer: Any) -> None:
+        if decision.action in ("rollback", "halt"):
+            self.stop_decision = decision
             trainer.should_stop = True
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self._act(self.guard.step(trainer.global_step, model=pl_module), trainer, pl_module)
+    # --- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": 1, "guard": self.guard.state_dict(), "sampler": self.sampler.state_dict()}
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if loss is not None:
-            self._act(self.guard.step(trainer.global_step, loss=loss), trainer)
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self._restored_step = int(checkpoint["global_step"])  # before load_state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        step = self._restored_step
+        state = {"guard": self.guard, "sampler": self.sampler}
+        if self.guard.pending_rollback is not None:  # `fit` is rolling back to this checkpoint
+            self.guard.rollback(_LoadedState(state_dict, step), state, self.sampler)
+        else:
+            _LoadedState(state_dict, step).load_latest(state)
+        self.sampler.set_step(step)  # the resumed iterator starts at the restored step
+
+
+class VerifiedModelCheckpoint(ModelCheckpoint):
+    """A `ModelCheckpoint` whose every checkpoint is a verified folder:
+    `dirpath/step-N/checkpoint.ckpt` and, written last, `dirpath/step-N/manifest.json`. It saves
+    nothing once the guard has decided a rollback or halt. `save_last` and `filename` are not
+    supported (the folder layout is fixed); other arguments are ModelCheckpoint's."""
+
+    def __init__(self, dirpath: str | Path, **kwargs: Any) -> None:
+        for key in ("filename", "save_last", "auto_insert_metric_name"):
+            if kwargs.get(key) is not None:
+                raise ConfigError(
+                    f"VerifiedModelCheckpoint fixes the checkpoint layout; {key}= is not supported",
+                    "leave it out: checkpoints are dirpath/step-N/checkpoint.ckpt",
+                )
+        super().__init__(
+            dirpath=str(dirpath),
+            filename=f"{PREFIX}{{step}}/{CKPT_NAME}",
+            auto_insert_metric_name=False,
+            enable_version_counter=False,
+            **kwargs,
+        )
+
+    def due(self, trainer: Any) -> bool:
+        """Will `on_train_batch_end` save at this step (every_n_train_steps)?"""
+        n = self._every_n_train_steps
+        return n >= 1 and trainer.global_step % n == 0
+
+    def _should_skip_saving_checkpoint(self, trainer: Any) -> bool:
+        stopping = any(
+            getattr(c, "stop_decision", None) is not None
+            for c in trainer.callbacks
+            if isinstance(c, TrainguardLightningCallback)
+        )
+        return stopping or super()._should_skip_saving_checkpoint(trainer)
+
+    def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)  # every rank; rank 0 writes
+        if trainer.is_global_zero:
+            commit_folder(Path(filepath).parent, trainer.global_step, {"writer": "lightning"})
+        trainer.strategy.barrier("trainguard.manifest")
+
+    def _remove_checkpoint(self, trainer: Any, filepath: str) -> None:
+        super()._remove_checkpoint(trainer, filepath)
+        if trainer.is_global_zero:  # the rest of the step folder the top-k rule let go
+            folder = Path(filepath).parent
+            (folder / MANIFEST).unlink(missing_ok=True)
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+
+    def newest_verified(self, guard: Guard, at_most: int | None = None) -> Verified:
+        """The newest `step-N` folder that verifies; the newer ones reported to the guard and
+        moved to `dirpath/quarantine/` (by global rank 0 only: call it on every rank)."""
+        import torch.distributed as dist
+
+        v = newest_verified(self.dirpath, PREFIX, at_most=at_most)
+        live = dist.is_available() and dist.is_initialized()
+        if live:
+            dist.barrier()
+        if not live or dist.get_rank() == 0:
+            for folder in v.rejected:
+                quarantine(folder)
+        if live:
+            dist.barrier()
+        guard.report(v.findings)
+        return v
+
+
+def _companions(trainer: Any) -> tuple[TrainguardLightningCallback, VerifiedModelCheckpoint]:
+    guards = [c for c in trainer.callbacks if isinstance(c, TrainguardLightningCallback)]
+    ckpts = [c for c in trainer.callbacks if isinstance(c, VerifiedModelCheckpoint)]
+    if len(guards) != 1 or len(ckpts) != 1:
+        raise ConfigError(
+            f"fit needs one TrainguardLightningCallback and one VerifiedModelCheckpoint in the "
+            f"Trainer's callbacks, found {len(guards)} and {len(ckpts)}",
+            "Trainer(callbacks=[TrainguardLightningCallback(sampler), "
+            "VerifiedModelCheckpoint(dirpath, every_n_train_steps=...)])",
+        )
+    return guards[0], ckpts[0]
+
+
+def fit(trainer: Any, model: Any, *, resume: bool = True, **fit_kwargs: Any) -> None:
+    """`trainer.fit(model, **fit_kwargs)` from the newest checkpoint that verifies (`resume`),
+    rolling back in-process whenever the guard asks for it (see the module docstring).
+    Checkpoints are loaded with `weights_only=True` (no arbitrary unpickling)."""
+    cb, ckpt = _companions(trainer)
+    path = None
+    if resume:
+        v = ckpt.newest_verified(cb.guard)
+        path = str(v.folder / f"{CKPT_NAME}.ckpt") if v.folder is not None else None
+    while True:
+        trainer.fit(model, ckpt_path=path, weights_only=True, **fit_kwargs)
+        stop = cb.stop_decision
+        if stop is None:
+            return
+        stop.raise_if_halt()
+        v = ckpt.newest_verified(cb.guard, at_most=stop.step)
+        if v.folder is None:
+            raise RunHalted(
+                f"the guard asked for a rollback at step {stop.step} but no checkpoint under "
+                f"{ckpt.dirpath} verifies",
+                "save checkpoints more often so a good state is on disk, or lower the "
+                "learning rate",
+            )
+        path = str(v.folder / f"{CKPT_NAME}.ckpt")

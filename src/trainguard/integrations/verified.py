@@ -1,0 +1,105 @@
+"""Verified checkpoint folders for the framework adapters.
+
+A Hugging Face `checkpoint-N` folder or a Lightning `step-N` folder gets, right after the
+framework has written it, the manifest trainguard's own checkpoints carry
+(`checkpoint/manifest.py`: every file's size and xxh3-128 checksum, the manifest's own
+checksum). The manifest is written last, atomically: a folder without one was never finished
+(a crash mid-save) and is never resumed from. On resume, the newest folder that verifies is
+used; every newer one is reported (C101-C105) and moved to `<root>/quarantine/` (the evidence
+is kept, never deleted, and the framework's own scans and rotation no longer see it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.checkpoint.manifest import (
+    MANIFEST,
+    build_manifest,
+    manifest_bytes,
+    payload_files,
+    verify_local_folder,
+)
+from trainguard.findings import Finding
+from trainguard.util.atomic import atomic_write_bytes, fsync_dir
+
+QUARANTINE = "quarantine"
+
+
+def commit_folder(folder: str | Path, step: int, meta: dict[str, Any] | None = None) -> None:
+    """Write the manifest of a folder the framework has finished writing (the commit marker).
+
+    The payload files are synced first (frameworks do not), so a manifest on disk never
+    describes files that a power cut could still take away."""
+    folder = Path(folder)
+    for name in payload_files(folder):
+        fd = os.open(folder / name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    atomic_write_bytes(folder / MANIFEST, manifest_bytes(build_manifest(folder, step, meta)))
+
+
+def step_folders(root: str | Path, prefix: str) -> dict[int, Path]:
+    """{N: root/<prefix>N} for the folders named exactly `<prefix><decimal N>`."""
+    pattern = re.compile(re.escape(prefix) + r"(0|[1-9][0-9]*)")
+    found: dict[int, Path] = {}
+    try:
+        entries = list(Path(root).iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    for entry in entries:
+        m = pattern.fullmatch(entry.name)
+        if m and entry.is_dir() and not entry.is_symlink():
+            found[int(m.group(1))] = entry
+    return found
+
+
+@dataclass
+class Verified:
+    """The newest folder that verifies (None if none does), and the newer ones that did not
+    (`rejected`) with the findings that say why."""
+
+    folder: Path | None = None
+    step: int | None = None
+    findings: list[Finding] = field(default_factory=list)
+    rejected: list[Path] = field(default_factory=list)
+
+
+def quarantine(folder: Path) -> Path:
+    """Move `folder` to `<its root>/quarantine/<name>` (`.1`, `.2`, ... if taken)."""
+    dest_dir = folder.parent / QUARANTINE
+    dest_dir.mkdir(exist_ok=True)
+    dest, n = dest_dir / folder.name, 0
+    while dest.exists():
+        n += 1
+        dest = dest_dir / f"{folder.name}.{n}"
+    os.rename(folder, dest)
+    fsync_dir(dest_dir)
+    fsync_dir(folder.parent)
+    return dest
+
+
+def verify_folder(folder: str | Path, step: int) -> list[Finding]:
+    """The manifest, every file's size and checksum; [] when the folder verifies."""
+    return verify_local_folder(Path(folder), step, full=True)
+
+
+def newest_verified(root: str | Path, prefix: str, at_most: int | None = None) -> Verified:
+    """Scan `root`'s `<prefix>N` folders (N <= `at_most`) from the newest; stop at the first
+    that verifies. Read-only: `quarantine` the rejected ones from one process of the job."""
+    out = Verified()
+    folders = step_folders(root, prefix)
+    for step in sorted((s for s in folders if at_most is None or s <= at_most), reverse=True):
+        problems = verify_folder(folders[step], step)
+        if not problems:
+            out.folder, out.step = folders[step], step
+            return out
+        out.findings += problems
+        out.rejected.append(folders[step])
+    return out

@@ -1,0 +1,352 @@
+"""The Hugging Face adapter in real `transformers` Trainer runs on CPU (tiny GPT-2 on random
+tokens, no download, default clipping `max_grad_norm=1.0`, default `logging_steps=500`).
+
+The faults are in the data: the samples of step 12's batch make the loss NaN, those of step
+30's multiply it by 1000 (both after the detectors' warm-up). Guarded, exactly those two updates
+are skipped, at their own steps, bitwise (parameters and AdamW moments, with weight decay on);
+unguarded (the same trainer, the guard disabled) the weights go NaN. Resume takes the newest
+checkpoint that verifies (corrupt newer ones quarantined) with the guard's windows, and replays
+bitwise; a rollback restores the last checkpoint and never trains on the bad samples again.
+Two DDP processes on gloo agree on every decision and roll back a corrupted replica together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from trainguard.config.distributed import DistributedConfig  # noqa: E402
+from trainguard.errors import ConfigError, CorruptError  # noqa: E402
+from trainguard.guard import Guard, GuardsConfig  # noqa: E402
+from trainguard.integrations.hf import GuardedTrainer, TrainguardCallback  # noqa: E402
+
+NAN_STEP, SPIKE_STEP, STEPS, SAVE_EVERY = 12, 30, 40, 10
+# States recorded after this many updates: around each poisoned step and around a clean one.
+SNAP = (NAN_STEP, NAN_STEP + 1, 20, 21, SPIKE_STEP, SPIKE_STEP + 1)
+# 12 steps of history before spikes are scored: a resume at step 20 without the saved windows
+# would have seen only 10 by step 30, and the spike would be applied.
+WARMUP = GuardsConfig(spike_min_history=12, spike_window=16)
+
+
+class Tokens(torch.utils.data.Dataset):
+    """256 random 16-token samples; each batch carries its sample ids."""
+
+    def __init__(self) -> None:
+        self.x = torch.randint(0, 128, (256, 16), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.x[i], "labels": self.x[i], "sample_id": torch.tensor(i)}
+
+
+class Poisoned(GuardedTrainer):
+    """Poisons the loss of any batch holding a bad sample; records what each step trained on."""
+
+    nan_ids: set[int]
+    spike_ids: set[int]
+    seen: list[tuple[int, list[int], float]]
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        ids = inputs.pop("sample_id").tolist()
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self.seen.append((self.state.global_step, ids, loss.item()))
+        if self.nan_ids & set(ids):
+            loss = loss * math.nan
+        if self.spike_ids & set(ids):
+            loss = loss * 1000
+        return loss
+
+
+class Snapshots(transformers.TrainerCallback):
+    """Parameters, AdamW state and the scheduler's count after the updates counted in SNAP."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, dict[str, Any]] = {}
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if state.global_step in SNAP:
+            moments = optimizer.state_dict()["state"]
+            self.at[state.global_step] = {
+                "params": [p.detach().clone() for p in model.parameters()],
+                "moments": {k: {n: t.clone() for n, t in v.items()} for k, v in moments.items()},
+                "lr_steps": kwargs["lr_scheduler"].last_epoch,
+            }
+
+
+def make_trainer(out: Path, *, guard: Guard | None = None, **overrides: Any) -> Poisoned:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=128, n_positions=16, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    settings = dict(
+        output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=4, save_steps=SAVE_EVERY,
+        report_to=[], use_cpu=True, seed=0, learning_rate=1e-3, weight_decay=0.1,
+        disable_tqdm=True, remove_unused_columns=False,
+    )  # fmt: skip
+    args = transformers.TrainingArguments(**{**settings, **overrides})
+    guard = guard if guard is not None else Guard(run_dir=out, config=WARMUP)
+    trainer = Poisoned(
+        model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(), guard=guard
+    )
+    trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+    sampler = trainer._get_train_sampler()
+    trainer.nan_ids = set(sampler.batch_ids(NAN_STEP).tolist())
+    trainer.spike_ids = set(sampler.batch_ids(SPIKE_STEP).tolist())
+    trainer.seen = []
+    return trainer
+
+
+@dataclass
+class Run:
+    trainer: Poisoned
+    out: Path
+    snaps: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def params(self) -> list:
+        return [p.detach().clone() for p in self.trainer.model.parameters()]
+
+    def rows(self, kind: str) -> list[dict]:
+        lines = (self.out / "guard.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+    def actions(self) -> list[tuple[int, str]]:
+        return [(h["step"], h["action"]) for h in self.trainer.guard.history]
+
+
+def train(out: Path, resume: Any = None, snapshots: bool = False, **kw: Any) -> Run:
+    trainer = make_trainer(out, **kw)
+    run = Run(trainer, out)
+    if snapshots:
+        cb = Snapshots()
+        trainer.add_callback(cb)
+        run.snaps = cb.at
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    finally:
+        torch.set_num_threads(threads)
+    return run
+
+
+@pytest.fixture(scope="session")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return train(tmp_path_factory.mktemp("hf_guarded"), snapshots=True)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Bitwise equality of nested tensors (NaN-safe)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return a == b
+
+
+def test_exactly_the_poisoned_updates_are_skipped_at_their_own_steps(guarded: Run) -> None:
+    assert guarded.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "skip")]
+    found = {(f["code"], f["step"]) for f in guarded.rows("finding") if f["severity"] != "info"}
+    assert found == {("R101", NAN_STEP), ("R102", SPIKE_STEP), ("R103", SPIKE_STEP)}
+    # The norm judged is the one before the Trainer clips to max_grad_norm=1.0.
+    (r103,) = [f for f in guarded.rows("finding") if f["code"] == "R103"]
+    assert r103["data"]["value"] > 100 * guarded.trainer.args.max_grad_norm
+    s = guarded.snaps
+    for step in (NAN_STEP, SPIKE_STEP):  # no parameter, moment, weight-decay or count change
+        assert same(s[step]["params"], s[step + 1]["params"])
+        assert same(s[step]["moments"], s[step + 1]["moments"])
+        assert s[step + 1]["lr_steps"] == s[step]["lr_steps"] + 1  # the schedule moves on
+    assert not same(s[20]["params"], s[21]["params"])  # a clean step does update
+    assert not same(s[20]["moments"], s[21]["moments"])
+    assert guarded.trainer.state.global_step == STEPS
+    assert all(p.isfinite().all() for p in guarded.params)
+
+
+def test_unguarded_control_run_goes_nan(tmp_path: Path) -> None:
+    off = Guard(config=GuardsConfig(enabled=False))  # the same trainer and data, not guarded
+    run = train(tmp_path, guard=off, max_steps=NAN_STEP + 2, save_strategy="no")
+    assert run.actions() == []
+    assert not all(p.isfinite().all() for p in run.params)
+
+
+@pytest.fixture(scope="session")
+def resumed(guarded: Run, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The guarded run's folder with checkpoints 30 and 40 corrupted, resumed with True."""
+    out = tmp_path_factory.mktemp("hf_resumed") / "out"
+    shutil.copytree(guarded.out, out)
+    for step in (30, 40):
+        weights = out / f"checkpoint-{step}" / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-5] ^= 0x10  # one bit of the last weight
+        weights.write_bytes(bytes(data))
+    return train(out, resume=True)
+
+
+def test_resume_skips_corrupt_checkpoints_to_the_newest_that_verifies(resumed: Run) -> None:
+    findings = resumed.trainer.checkpoint_findings
+    assert [(f.code, f.step) for f in findings] == [("C101", 40), ("C101", 30)]
+    assert {r["code"] for r in resumed.rows("finding")} >= {"C101"}  # reported in guard.jsonl
+    assert sorted(p.name for p in (resumed.out / "quarantine").iterdir()) == [
+        "checkpoint-30",
+        "checkpoint-40",
+    ]
+    assert resumed.trainer.seen[0][0] == 20  # resumed from checkpoint-20
+
+
+def test_resume_keeps_the_guard_state_and_replays_bitwise(guarded: Run, resumed: Run) -> None:
+    # The skip of step 12 comes back with the state; the spike at step 30 is caught only
+    # because the detector windows were restored (10 steps since the resume < the warm-up).
+    assert resumed.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "skip")]
+    assert same(resumed.params, guarded.params)
+    first = {s: (ids, loss) for s, ids, loss in guarded.trainer.seen if s >= 20}
+    assert {s: (ids, loss) for s, ids, loss in resumed.trainer.seen} == first
+
+
+def test_resume_from_an_explicit_corrupt_checkpoint_is_refused(resumed: Run, tmp_path) -> None:
+    bad = resumed.out / "quarantine" / "checkpoint-30"
+    target = tmp_path / "checkpoint-30"
+    shutil.copytree(bad, target)
+    trainer = make_trainer(tmp_path)
+    with pytest.raises(CorruptError, match="model.safetensors is corrupt"):
+        trainer.train(resume_from_checkpoint=str(target))
+
+
+def test_rollback_restores_the_last_checkpoint_and_skips_the_bad_samples(tmp_path: Path) -> None:
+    rollback = {"R102": "rollback", "R103": "rollback"}
+    run = train(tmp_path, guard=Guard(run_dir=tmp_path, config=WARMUP, actions=rollback),
+                save_steps=8)  # fmt: skip
+    assert run.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "rollback")]
+    (event,) = run.rows("event")
+    assert (event["from_step"], event["to_step"], event["skipped_steps"]) == (SPIKE_STEP, 24, [30])
+    seen = run.trainer.seen
+    steps = [s for s, _, _ in seen]
+    assert steps == [*range(SPIKE_STEP + 1), *range(24, STEPS)]  # continued by itself
+    second = seen[SPIKE_STEP + 1 :]
+    replay = {s: (ids, loss) for s, ids, loss in second if s < SPIKE_STEP}
+    assert replay == {s: (ids, loss) for s, ids, loss in seen[24:SPIKE_STEP]}  # bitwise
+    bad = run.trainer.spike_ids
+    after = [ids for s, ids, _ in second if s >= SPIKE_STEP]
+    assert not any(bad & set(ids) for ids in after)  # never trained on again
+    sampler = run.trainer.elastic_sampler
+    assert after[0] == sampler.order.sample_ids(31 * 4, 4).tolist()  # step 30 reads block 31
+    assert run.trainer.state.global_step == STEPS
+    assert all(p.isfinite().all() for p in run.params)
+    saved = json.loads((tmp_path / "checkpoint-32" / "trainguard_state.json").read_text())
+    assert saved["sampler"]["skipped_positions"] == [[120, 124]]  # the skip is checkpointed
+    assert saved["guard"]["rollbacks"] == 1
+
+
+def test_the_callback_alone_in_a_plain_trainer_is_refused(tmp_path: Path) -> None:
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=1, use_cpu=True, report_to=[], disable_tqdm=True
+    )
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=1, vocab_size=16, n_positions=8)
+    trainer = transformers.Trainer(
+        model=transformers.GPT2LMHeadModel(config), args=args, callbacks=[TrainguardCallback()],
+        train_dataset=[{"input_ids": torch.zeros(8, dtype=torch.long), "labels": torch.zeros(8, dtype=torch.long)}],
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="GuardedTrainer"):
+        trainer.train()
+
+
+# -- DDP: two gloo processes ---------------------------------------------------------------------
+CTX = multiprocessing.get_context("fork")
+FLIP_AT = 5  # rank 1's weights get one bit flipped after this update
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Flipping(Poisoned):
+    """Rank 1 corrupts one weight once, after the update of step FLIP_AT (silent corruption)."""
+
+    flipped = False
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.args.process_index == 1 and self.state.global_step == FLIP_AT + 1:
+            if not self.flipped:
+                with torch.no_grad():
+                    w = next(self.model.parameters())
+                    w.view(-1)[:1].view(torch.int32)[0] ^= 1 << 12
+                self.flipped = True
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def _ddp_worker(rank: int, tmp: Path, port: int) -> None:
+    env = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": 2, "LOCAL_WORLD_SIZE": 2,
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+    os.environ.update({k: str(v) for k, v in env.items()})
+    torch.set_num_threads(1)
+    out = tmp / "out"
+    args = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=10, per_device_train_batch_size=2, save_steps=4,
+        report_to=[], use_cpu=True, seed=0, learning_rate=1e-3, disable_tqdm=True,
+        remove_unused_columns=False, ddp_backend="gloo", ddp_find_unused_parameters=False,
+    )  # fmt: skip
+    assert args.world_size == 2  # sets up the process group the guard's part needs
+    guard = Guard(
+        run_dir=tmp / f"rank{rank}", config=WARMUP,
+        distributed=DistributedConfig(replica_check_interval=2, straggler_interval=0),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=128, n_positions=16, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    trainer = Flipping(
+        model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(), guard=guard
+    )
+    trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+    sampler = trainer._get_train_sampler()
+    # A NaN in rank 1's half of step 2's global batch only: both ranks must skip step 2.
+    trainer.nan_ids = {int(sampler.batch_ids(2)[2])}
+    trainer.spike_ids, trainer.seen = set(), []
+    trainer.train()
+    weights = [p.detach().flatten().tolist() for p in trainer.model.parameters()]
+    result = {"history": guard.history, "weights": weights, "step": trainer.state.global_step,
+              "seen": [s for s, _, _ in trainer.seen]}  # fmt: skip
+    (tmp / f"rank{rank}.json").write_text(json.dumps(result))
+    guard.close()
+    torch.distributed.destroy_process_group()
+
+
+def test_ddp_ranks_agree_and_roll_back_a_corrupted_replica(tmp_path: Path) -> None:
+    port = _free_port()
+    procs = [CTX.Process(target=_ddp_worker, args=(r, tmp_path, port)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    # Both ranks took every decision together: the rank-local NaN is skipped on both, the
+    # replica check after the flip (step 6) rolls both back to checkpoint-4.
+    assert r0["history"] == r1["history"]
+    assert [(h["step"], h["action"]) for h in r0["history"]] == [(2, "skip"), (6, "rollback")]
+    assert r0["seen"] == r1["seen"] == [*range(7), *range(4, 10)]
+    assert r0["weights"] == r1["weights"]  # the replicas agree again
+    assert r0["step"] == r1["step"] == 10
+    rows = [json.loads(x) for x in (tmp_path / "rank1" / "guard.jsonl").read_text().splitlines()]
+    (h201,) = [r for r in rows if r.get("code") == "H201"]  # two replicas: no majority
+    assert h201["step"] == 6 and h201["data"]["replica_set"] == [0, 1]

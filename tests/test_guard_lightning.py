@@ -1,0 +1,263 @@
+"""The Lightning adapter in real Lightning runs on CPU (a tiny next-token LightningModule on
+random tokens, AdamW with weight decay, a per-step LR schedule, `gradient_clip_val=1.0`).
+
+The faults are in the data: the samples of step 12's batch make the loss NaN, those of step
+30's multiply it by 1000. Guarded, exactly those two updates are skipped at their own steps
+(bitwise: parameters and moments), judged on the unclipped gradient norm, with no phantom skip
+after them, and training reaches max_steps; unguarded the weights go NaN. Resume takes the
+newest `step-N` folder that verifies, with the guard's state from the callback's state_dict,
+and replays bitwise; a rollback restores the last checkpoint and continues without the bad
+samples.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+L = pytest.importorskip("lightning")
+
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from trainguard import ElasticSampler  # noqa: E402
+from trainguard.errors import ConfigError  # noqa: E402
+from trainguard.guard import Guard, GuardsConfig  # noqa: E402
+from trainguard.integrations.lightning import (  # noqa: E402
+    TrainguardLightningCallback,
+    VerifiedModelCheckpoint,
+    fit,
+)
+
+NAN_STEP, SPIKE_STEP, STEPS, SAVE_EVERY, BATCH, VOCAB = 12, 30, 40, 10, 4, 64
+SNAP = (NAN_STEP, NAN_STEP + 1, 20, 21, SPIKE_STEP, SPIKE_STEP + 1)  # updates done
+WARMUP = GuardsConfig(spike_min_history=12, spike_window=16)  # see test_guard_hf.py
+
+
+class Tokens(Dataset):
+    def __init__(self) -> None:
+        self.x = torch.randint(0, VOCAB, (256, 9), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple:
+        return self.x[i], i
+
+
+class TinyLM(L.LightningModule):
+    """Embedding -> ReLU -> linear next-token model; poisons the loss of a batch holding a bad
+    sample; records what each step trained on and the gradient norm right after backward."""
+
+    def __init__(self, nan_ids: set[int], spike_ids: set[int]) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(VOCAB, 32)
+        self.out = torch.nn.Linear(32, VOCAB)
+        self.nan_ids, self.spike_ids = nan_ids, spike_ids
+        self.seen: list[tuple[int, list[int], float]] = []
+        self.norms: dict[int, float] = {}
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, ids = batch
+        ids = ids.tolist()
+        logits = self.out(torch.relu(self.emb(x[:, :-1])))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+        self.seen.append((self.trainer.global_step, ids, loss.item()))
+        if self.nan_ids & set(ids):
+            loss = loss * math.nan
+        if self.spike_ids & set(ids):
+            loss = loss * 1000
+        return loss
+
+    def on_after_backward(self) -> None:
+        # Right after the backward pass: the gradients before anything clips or drops them.
+        grads = [p.grad.norm() for p in self.parameters() if p.grad is not None]
+        if grads:
+            self.norms[self.trainer.global_step] = float(torch.stack(grads).norm())
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2, weight_decay=0.1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.01 * s))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class Snapshots(L.Callback):
+    def __init__(self) -> None:
+        self.at: dict[int, dict[str, Any]] = {}
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step in SNAP:
+            opt = trainer.optimizers[0]
+            self.at[trainer.global_step] = {
+                "params": [p.detach().clone() for p in pl_module.parameters()],
+                "moments": {
+                    i: {k: v.clone() for k, v in s.items()}
+                    for i, s in opt.state_dict()["state"].items()
+                },
+                "lr_steps": trainer.lr_scheduler_configs[0].scheduler.last_epoch,
+            }
+
+
+@dataclass
+class Run:
+    module: TinyLM
+    trainer: Any
+    callback: TrainguardLightningCallback
+    out: Path
+    snaps: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def params(self) -> list:
+        return [p.detach().clone() for p in self.module.parameters()]
+
+    def rows(self, kind: str) -> list[dict]:
+        lines = (self.out / "guard.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+    def actions(self) -> list[tuple[int, str]]:
+        return [(h["step"], h["action"]) for h in self.callback.guard.history]
+
+
+def train(
+    out: Path, *, guard: Guard | None = None, max_steps: int = STEPS, every: int = SAVE_EVERY,
+    snapshots: bool = False, resume: bool = True,
+) -> Run:  # fmt: skip
+    dataset = Tokens()
+    sampler = ElasticSampler(len(dataset), global_batch_size=BATCH, seed=0)  # endless
+    loader = DataLoader(dataset, sampler=sampler, batch_size=BATCH)
+    module = TinyLM(
+        set(sampler.batch_ids(NAN_STEP).tolist()), set(sampler.batch_ids(SPIKE_STEP).tolist())
+    )
+    callback = TrainguardLightningCallback(
+        sampler, guard=guard if guard is not None else Guard(run_dir=out, config=WARMUP)
+    )
+    callbacks = [callback, VerifiedModelCheckpoint(out / "ckpt", every_n_train_steps=every,
+                                                   save_top_k=-1)]  # fmt: skip
+    run = Run(module, None, callback, out)
+    if snapshots:
+        snap = Snapshots()
+        callbacks.append(snap)
+        run.snaps = snap.at
+    run.trainer = L.Trainer(
+        max_steps=max_steps, gradient_clip_val=1.0, callbacks=callbacks, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+    )  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fit(run.trainer, module, train_dataloaders=loader, resume=resume)
+    finally:
+        torch.set_num_threads(threads)
+    return run
+
+
+def same(a: Any, b: Any) -> bool:
+    """Bitwise equality of nested tensors (NaN-safe)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return a == b
+
+
+@pytest.fixture(scope="session")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return train(tmp_path_factory.mktemp("lightning_guarded"), snapshots=True)
+
+
+def test_exactly_the_poisoned_updates_are_skipped_at_their_own_steps(guarded: Run) -> None:
+    assert guarded.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "skip")]  # no phantom skips
+    found = {(f["code"], f["step"]) for f in guarded.rows("finding") if f["severity"] != "info"}
+    assert found == {("R101", NAN_STEP), ("R102", SPIKE_STEP), ("R103", SPIKE_STEP)}
+    s = guarded.snaps
+    for step in (NAN_STEP, SPIKE_STEP):
+        assert same(s[step]["params"], s[step + 1]["params"])
+        assert same(s[step]["moments"], s[step + 1]["moments"])
+        assert s[step + 1]["lr_steps"] == s[step]["lr_steps"] + 1  # the schedule moves on
+    assert not same(s[20]["params"], s[21]["params"])
+    assert not same(s[20]["moments"], s[21]["moments"])
+    assert guarded.trainer.global_step == STEPS and not guarded.trainer.should_stop
+    assert all(p.isfinite().all() for p in guarded.params)
+
+
+def test_the_guard_judges_the_unclipped_gradient_norm(guarded: Run) -> None:
+    (r103,) = [f for f in guarded.rows("finding") if f["code"] == "R103"]
+    unclipped = guarded.module.norms[SPIKE_STEP]  # seen by the module after its backward
+    assert r103["data"]["value"] == pytest.approx(unclipped, rel=1e-5)
+    assert r103["data"]["value"] > 100 * guarded.trainer.gradient_clip_val
+
+
+def test_unguarded_control_run_goes_nan(tmp_path: Path) -> None:
+    off = Guard(config=GuardsConfig(enabled=False))
+    run = train(tmp_path, guard=off, max_steps=NAN_STEP + 2, every=100)
+    assert run.actions() == []
+    assert not all(p.isfinite().all() for p in run.params)
+
+
+@pytest.fixture(scope="session")
+def resumed(guarded: Run, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The guarded run's folder with step-30 and step-40 corrupted, fitted again."""
+    out = tmp_path_factory.mktemp("lightning_resumed") / "out"
+    shutil.copytree(guarded.out, out)
+    for step in (30, 40):
+        ckpt = out / "ckpt" / f"step-{step}" / "checkpoint.ckpt"
+        data = bytearray(ckpt.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        ckpt.write_bytes(bytes(data))
+    return train(out)
+
+
+def test_resume_skips_corrupt_checkpoints_to_the_newest_that_verifies(resumed: Run) -> None:
+    c101 = [(f["code"], f["step"]) for f in resumed.rows("finding") if f["code"] == "C101"]
+    assert c101 == [("C101", 40), ("C101", 30)]
+    quarantined = sorted(p.name for p in (resumed.out / "ckpt" / "quarantine").iterdir())
+    assert quarantined == ["step-30", "step-40"]
+    assert resumed.module.seen[0][0] == 20
+
+
+def test_resume_keeps_the_guard_state_and_replays_bitwise(guarded: Run, resumed: Run) -> None:
+    assert resumed.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "skip")]
+    assert same(resumed.params, guarded.params)
+    first = {s: (ids, loss) for s, ids, loss in guarded.module.seen if s >= 20}
+    assert {s: (ids, loss) for s, ids, loss in resumed.module.seen} == first
+
+
+def test_rollback_restores_the_last_checkpoint_and_skips_the_bad_samples(tmp_path: Path) -> None:
+    rollback = {"R102": "rollback", "R103": "rollback"}
+    run = train(tmp_path, guard=Guard(run_dir=tmp_path, config=WARMUP, actions=rollback), every=8)
+    assert run.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "rollback")]
+    (event,) = run.rows("event")
+    assert (event["from_step"], event["to_step"], event["skipped_steps"]) == (SPIKE_STEP, 24, [30])
+    seen = run.module.seen
+    assert [s for s, _, _ in seen] == [*range(SPIKE_STEP + 1), *range(24, STEPS)]
+    second = seen[SPIKE_STEP + 1 :]
+    replay = {s: (ids, loss) for s, ids, loss in second if s < SPIKE_STEP}
+    assert replay == {s: (ids, loss) for s, ids, loss in seen[24:SPIKE_STEP]}  # bitwise
+    after = [ids for s, ids, _ in second if s >= SPIKE_STEP]
+    assert not any(run.module.spike_ids & set(ids) for ids in after)
+    assert after[0] == run.callback.sampler.order.sample_ids(31 * BATCH, BATCH).tolist()
+    assert run.trainer.global_step == STEPS
+    assert all(p.isfinite().all() for p in run.params)
+    # No checkpoint was written between the decision and the restore: step-32 is the replay's.
+    ckpts = sorted(int(p.name[5:]) for p in (tmp_path / "ckpt").glob("step-*"))
+    assert ckpts == [8, 16, 24, 32, 40]
+    state = torch.load(tmp_path / "ckpt" / "step-32" / "checkpoint.ckpt", weights_only=True)
+    (saved,) = [v for k, v in state["callbacks"].items() if "TrainguardLightningCallback" in k]
+    assert saved["sampler"]["skipped_positions"] == [[120, 124]]
+    assert saved["guard"]["rollbacks"] == 1
+
+
+def test_the_companion_refuses_another_layout(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="filename"):
+        VerifiedModelCheckpoint(tmp_path, filename="{epoch}")
+    with pytest.raises(ConfigError, match="ElasticSampler"):
+        TrainguardLightningCallback(torch.utils.data.SequentialSampler(range(4)))  # type: ignore[arg-type]
