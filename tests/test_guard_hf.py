@@ -12,12 +12,14 @@ Two DDP processes on gloo agree on every decision and roll back a corrupted repl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing
 import os
 import shutil
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ transformers = pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from trainguard.config.distributed import DistributedConfig  # noqa: E402
-from trainguard.errors import ConfigError, CorruptError  # noqa: E402
+from trainguard.errors import ConfigError, CorruptError, RunHalted  # noqa: E402
 from trainguard.guard import Guard, GuardsConfig  # noqa: E402
 from trainguard.integrations.hf import GuardedTrainer, TrainguardCallback  # noqa: E402
 
@@ -39,6 +41,7 @@ SNAP = (NAN_STEP, NAN_STEP + 1, 20, 21, SPIKE_STEP, SPIKE_STEP + 1)
 # 12 steps of history before spikes are scored: a resume at step 20 without the saved windows
 # would have seen only 10 by step 30, and the spike would be applied.
 WARMUP = GuardsConfig(spike_min_history=12, spike_window=16)
+ROLLBACK = {"R102": "rollback", "R103": "rollback"}  # spikes roll back instead of skipping
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -137,13 +140,19 @@ def train(out: Path, resume: Any = None, snapshots: bool = False, **kw: Any) -> 
         cb = Snapshots()
         trainer.add_callback(cb)
         run.snaps = cb.at
+    with one_thread():
+        trainer.train(resume_from_checkpoint=resume)
+    return run
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        trainer.train(resume_from_checkpoint=resume)
+        yield
     finally:
         torch.set_num_threads(threads)
-    return run
 
 
 @pytest.fixture(scope="session")
@@ -230,8 +239,7 @@ def test_resume_from_an_explicit_corrupt_checkpoint_is_refused(resumed: Run, tmp
 
 
 def test_rollback_restores_the_last_checkpoint_and_skips_the_bad_samples(tmp_path: Path) -> None:
-    rollback = {"R102": "rollback", "R103": "rollback"}
-    run = train(tmp_path, guard=Guard(run_dir=tmp_path, config=WARMUP, actions=rollback),
+    run = train(tmp_path, guard=Guard(run_dir=tmp_path, config=WARMUP, actions=ROLLBACK),
                 save_steps=8)  # fmt: skip
     assert run.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "rollback")]
     (event,) = run.rows("event")
@@ -254,14 +262,31 @@ def test_rollback_restores_the_last_checkpoint_and_skips_the_bad_samples(tmp_pat
     assert saved["guard"]["rollbacks"] == 1
 
 
+def test_a_halt_saves_nothing_more_and_raises(tmp_path: Path) -> None:
+    no_rollbacks = WARMUP.model_copy(update={"max_rollbacks": 0})
+    guard = Guard(run_dir=tmp_path, config=no_rollbacks, actions=ROLLBACK)
+    trainer = make_trainer(tmp_path, guard=guard, max_steps=SPIKE_STEP + 1)
+    with one_thread(), pytest.raises(RunHalted, match=f"halted the run at step {SPIKE_STEP}"):
+        trainer.train()
+    assert [(h["step"], h["action"]) for h in guard.history] == [(12, "skip"), (30, "halt")]
+    # The last step's save (global_step = max_steps) was called off: the state after a halt
+    # decision is never checkpointed.
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
+        "checkpoint-10",
+        "checkpoint-20",
+        "checkpoint-30",
+    ]
+
+
 def test_the_callback_alone_in_a_plain_trainer_is_refused(tmp_path: Path) -> None:
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), max_steps=1, use_cpu=True, report_to=[], disable_tqdm=True
     )
     config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=1, vocab_size=16, n_positions=8)
+    tokens = torch.zeros(8, dtype=torch.long)
     trainer = transformers.Trainer(
         model=transformers.GPT2LMHeadModel(config), args=args, callbacks=[TrainguardCallback()],
-        train_dataset=[{"input_ids": torch.zeros(8, dtype=torch.long), "labels": torch.zeros(8, dtype=torch.long)}],
+        train_dataset=[{"input_ids": tokens, "labels": tokens}],
     )  # fmt: skip
     with pytest.raises(ConfigError, match="GuardedTrainer"):
         trainer.train()
@@ -284,12 +309,12 @@ class Flipping(Poisoned):
     flipped = False
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if self.args.process_index == 1 and self.state.global_step == FLIP_AT + 1:
-            if not self.flipped:
-                with torch.no_grad():
-                    w = next(self.model.parameters())
-                    w.view(-1)[:1].view(torch.int32)[0] ^= 1 << 12
-                self.flipped = True
+        mine = self.args.process_index == 1 and not self.flipped
+        if mine and self.state.global_step == FLIP_AT + 1:
+            with torch.no_grad():
+                w = next(self.model.parameters())
+                w.view(-1)[:1].view(torch.int32)[0] ^= 1 << 12  # a mantissa bit
+            self.flipped = True
         return super().training_step(model, inputs, num_items_in_batch)
 
 

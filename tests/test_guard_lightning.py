@@ -27,7 +27,7 @@ L = pytest.importorskip("lightning")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from trainguard import ElasticSampler  # noqa: E402
-from trainguard.errors import ConfigError  # noqa: E402
+from trainguard.errors import ConfigError, RunHalted  # noqa: E402
 from trainguard.guard import Guard, GuardsConfig  # noqa: E402
 from trainguard.integrations.lightning import (  # noqa: E402
     TrainguardLightningCallback,
@@ -38,6 +38,7 @@ from trainguard.integrations.lightning import (  # noqa: E402
 NAN_STEP, SPIKE_STEP, STEPS, SAVE_EVERY, BATCH, VOCAB = 12, 30, 40, 10, 4, 64
 SNAP = (NAN_STEP, NAN_STEP + 1, 20, 21, SPIKE_STEP, SPIKE_STEP + 1)  # updates done
 WARMUP = GuardsConfig(spike_min_history=12, spike_window=16)  # see test_guard_hf.py
+ROLLBACK = {"R102": "rollback", "R103": "rollback"}  # spikes roll back instead of skipping
 
 
 class Tokens(Dataset):
@@ -232,8 +233,7 @@ def test_resume_keeps_the_guard_state_and_replays_bitwise(guarded: Run, resumed:
 
 
 def test_rollback_restores_the_last_checkpoint_and_skips_the_bad_samples(tmp_path: Path) -> None:
-    rollback = {"R102": "rollback", "R103": "rollback"}
-    run = train(tmp_path, guard=Guard(run_dir=tmp_path, config=WARMUP, actions=rollback), every=8)
+    run = train(tmp_path, guard=Guard(run_dir=tmp_path, config=WARMUP, actions=ROLLBACK), every=8)
     assert run.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "rollback")]
     (event,) = run.rows("event")
     assert (event["from_step"], event["to_step"], event["skipped_steps"]) == (SPIKE_STEP, 24, [30])
@@ -254,6 +254,15 @@ def test_rollback_restores_the_last_checkpoint_and_skips_the_bad_samples(tmp_pat
     (saved,) = [v for k, v in state["callbacks"].items() if "TrainguardLightningCallback" in k]
     assert saved["sampler"]["skipped_positions"] == [[120, 124]]
     assert saved["guard"]["rollbacks"] == 1
+
+
+def test_a_halt_saves_nothing_more_and_raises(tmp_path: Path) -> None:
+    no_rollbacks = WARMUP.model_copy(update={"max_rollbacks": 0})
+    guard = Guard(run_dir=tmp_path, config=no_rollbacks, actions=ROLLBACK)
+    with pytest.raises(RunHalted, match=f"halted the run at step {SPIKE_STEP}"):
+        train(tmp_path, guard=guard, every=SPIKE_STEP + 1)  # a save due right after the halt
+    assert [(h["step"], h["action"]) for h in guard.history] == [(12, "skip"), (30, "halt")]
+    assert list((tmp_path / "ckpt").glob("step-*")) == []  # called off
 
 
 def test_the_companion_refuses_another_layout(tmp_path: Path) -> None:

@@ -1,18 +1,10 @@
-"""Thin adapters that plug `Guard` into other trainers (optional extras).
+"""Adapters that plug trainguard into other trainers and tools (optional extras).
 
-- `trainguard.integrations.hf.TrainguardCallback`: a Hugging Face `transformers.TrainerCallback`.
-- `trainguard.integrations.lightning.TrainguardLightningCallback`: a Lightning `Callback`.
-Each module imports its framework on import and says how to install it when it is missing.
+- `trainguard.integrations.hf`: `GuardedTrainer` (or `GuardedTrainerMixin`), a Hugging Face
+  `transformers.Trainer` guarded on every optimizer step, with its `TrainguardCallback`.
+- `trainguard.integrations.lightning`: `TrainguardLightningCallback`, its
+  `VerifiedModelCheckpoint` companion and `fit` (resume and rollback).
+- `trainguard.integrations.verified`: the verified checkpoint folders both use.
+- `trainguard.integrations.lm_eval`: a trainguard checkpoint as an lm-evaluation-harness model.
+Each framework module imports its framework on import and says how to install it when missing.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def clear_grads(model: Any) -> None:
-    """Drop every gradient so that the framework's unconditional optimizer step changes nothing
-    (torch optimizers skip parameters whose `.grad` is None: no update, no weight decay, no
-    moment update)."""
-    for p in model.parameters():
-        p.grad = None

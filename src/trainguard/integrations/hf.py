@@ -39,78 +39,38 @@ are not supported.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 try:
     from transformers import Trainer, TrainerCallback
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "trainguard.integrations.hf needs Hugging Face transformers: pip install "
-        "'trainguard[hf]'"
+        "trainguard.integrations.hf needs Hugging Face transformers: pip install 'trainguard[hf]'"
     ) from e
 
 from trainguard.data.sampler import ElasticSampler
 from trainguard.errors import BadInputError, ConfigError, CorruptError
 from trainguard.guard import Decision, Guard, grad_norm_of
-from trainguard.integrations.verified import (
-    commit_folder,
-    newest_verified,
-    quarantine,
-    verify_folder,
+from trainguard.integrations.hf_checkpoints import (
+    PREFIX,
+    TrainerCheckpoints,
+    commit_checkpoint,
+    load_state_file,
+    parse_checkpoint_dirname,
 )
+from trainguard.integrations.verified import verify_folder
 
 log = logging.getLogger(__name__)
-STATE_FILE = "trainguard_state.json"
-PREFIX = f"{PREFIX_CHECKPOINT_DIR}-"
 
 
 def _default_guard(args: Any) -> Guard:
     distributed = args.world_size > 1
     # One guard.jsonl per job: the ranks take the same decisions; rank 0 records them.
-    return Guard(run_dir=args.output_dir if args.process_index == 0 else None, distributed=distributed)
-
-
-class _TrainerCheckpoints:
-    """`Guard.rollback`'s checkpointer over the Trainer's `checkpoint-N` folders: `load_latest`
-    restores the guard and the sampler from the newest folder that verifies (N <= `at_most`);
-    the Trainer restores everything else when `train` resumes from `folder`."""
-
-    def __init__(self, trainer: GuardedTrainerMixin, at_most: int | None = None) -> None:
-        self.trainer, self.at_most = trainer, at_most
-        self.folder: Path | None = None
-        self.last_findings: list[Any] = []
-
-    def load_latest(self, state: dict[str, Any]) -> int | None:
-        t = self.trainer
-        v = newest_verified(t.args.output_dir, PREFIX, at_most=self.at_most)  # on every rank
-        t.accelerator.wait_for_everyone()
-        if t.args.should_save:  # one process moves the rejected folders aside
-            for folder in v.rejected:
-                quarantine(folder)
-        t.accelerator.wait_for_everyone()
-        self.last_findings = v.findings
-        if v.folder is None:
-            return None
-        self.folder = v.folder
-        load_state_file(v.folder, state)
-        return v.step
-
-
-def load_state_file(folder: Path, state: dict[str, Any]) -> None:
-    """Restore the objects in `state` (guard, sampler) from a folder's trainguard_state.json."""
-    try:
-        saved = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
-        for key, obj in state.items():
-            obj.load_state_dict(saved[key])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CorruptError(
-            f"{folder / STATE_FILE} does not hold the guard and sampler state: {e}",
-            f"resume from a checkpoint a GuardedTrainer saved (it writes {STATE_FILE})",
-        ) from None
+    return Guard(
+        run_dir=args.output_dir if args.process_index == 0 else None, distributed=distributed
+    )
 
 
 class GuardedTrainerMixin:
@@ -147,12 +107,15 @@ class GuardedTrainerMixin:
                     "needs the run's length",
                     "set TrainingArguments(max_steps=...) instead of num_train_epochs",
                 )
-            if a.ignore_data_skip:
-                raise ConfigError(
-                    "ignore_data_skip=True would replay the first batches after a resume or a "
-                    "rollback",
-                    "leave TrainingArguments.ignore_data_skip at False",
-                )
+            for flag, why in (
+                ("ignore_data_skip", "would replay the first batches after a resume or rollback"),
+                ("auto_find_batch_size", "would change the global batch the data order is cut in"),
+                ("save_only_model", "saves no optimizer state for a resume or rollback"),
+            ):
+                if getattr(a, flag, False):
+                    raise ConfigError(
+                        f"GuardedTrainer: {flag}=True {why}", f"leave TrainingArguments.{flag} off"
+                    )
             if self.train_dataset is None or not hasattr(self.train_dataset, "__len__"):
                 raise ConfigError(
                     "GuardedTrainer needs a map-style train_dataset (with __len__)",
@@ -200,6 +163,8 @@ class GuardedTrainerMixin:
         """`Trainer.train`, resuming only from a checkpoint that verifies, and rolling back
         in-process when the guard asks for it. `resume_from_checkpoint=True`: the newest
         `checkpoint-N` that verifies (newer corrupt ones are reported and quarantined)."""
+        if resume_from_checkpoint in (None, False):
+            self.elastic_sampler = None  # a fresh start: no skips from an earlier train()
         sampler = self._sampler()
         state = {"guard": self.guard, "sampler": sampler}
         resume = self._resume_folder(resume_from_checkpoint, state)
@@ -210,7 +175,7 @@ class GuardedTrainerMixin:
             if stop is None:
                 return output
             stop.raise_if_halt()
-            checkpoints = _TrainerCheckpoints(self, at_most=stop.step)
+            checkpoints = TrainerCheckpoints(self, at_most=stop.step)
             self.guard.rollback(checkpoints, state, sampler)  # RunHalted if none verifies
             self.checkpoint_findings += checkpoints.last_findings
             resume = str(checkpoints.folder)
@@ -220,9 +185,15 @@ class GuardedTrainerMixin:
         if resume is None or resume is False:
             return None
         if resume is True:
-            checkpoints = _TrainerCheckpoints(self)
+            checkpoints = TrainerCheckpoints(self)
             step = checkpoints.load_latest(state)
             self._report(checkpoints.last_findings)
+            if step is None and not checkpoints.last_findings:
+                raise BadInputError(
+                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no {PREFIX}N "
+                    "folder",
+                    "pass resume_from_checkpoint=None to start training from scratch",
+                )
             if step is None:
                 raise CorruptError(
                     f"C107: no {PREFIX}N folder under {self.args.output_dir} verifies "
@@ -233,13 +204,13 @@ class GuardedTrainerMixin:
                 )
             return str(checkpoints.folder)
         folder = Path(resume)
-        name = folder.name
-        if not name.startswith(PREFIX) or not name[len(PREFIX) :].isdigit():
+        step = parse_checkpoint_dirname(folder.name)
+        if step is None:
             raise BadInputError(
                 f"{folder} is not a {PREFIX}N folder",
                 "pass a checkpoint folder the Trainer saved, or True for the newest that verifies",
             )
-        problems = verify_folder(folder, int(name[len(PREFIX) :]))
+        problems = verify_folder(folder, step)
         if problems:
             self._report(problems)
             raise CorruptError(
@@ -306,8 +277,6 @@ class TrainguardCallback(TrainerCallback):
         t.accelerator.wait_for_everyone()  # every rank's files (rng_state_<r>.pth) are written
         if args.should_save:
             folder = Path(args.output_dir) / f"{PREFIX}{state.global_step}"
-            saved = {"guard": t.guard.state_dict(), "sampler": t._sampler().state_dict()}
-            (folder / STATE_FILE).write_text(json.dumps(saved), encoding="utf-8")
-            commit_folder(folder, state.global_step, {"writer": "trainguard.integrations.hf"})
+            commit_checkpoint(folder, state.global_step, t.guard, t._sampler())
         t.accelerator.wait_for_everyone()  # nobody reads the folder before it is committed
         return control

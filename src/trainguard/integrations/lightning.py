@@ -143,7 +143,11 @@ class TrainguardLightningCallback(Callback):
 
     # --- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"version": 1, "guard": self.guard.state_dict(), "sampler": self.sampler.state_dict()}
+        return {
+            "version": 1,
+            "guard": self.guard.state_dict(),
+            "sampler": self.sampler.state_dict(),
+        }
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         self._restored_step = int(checkpoint["global_step"])  # before load_state_dict
@@ -206,20 +210,14 @@ class VerifiedModelCheckpoint(ModelCheckpoint):
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
 
-    def newest_verified(self, guard: Guard, at_most: int | None = None) -> Verified:
+    def newest_verified(self, trainer: Any, guard: Guard, at_most: int | None = None) -> Verified:
         """The newest `step-N` folder that verifies; the newer ones reported to the guard and
-        moved to `dirpath/quarantine/` (by global rank 0 only: call it on every rank)."""
-        import torch.distributed as dist
-
+        moved to `dirpath/quarantine/` by global rank 0. Call it on every rank: the others only
+        read (a folder rank 0 moves away mid-scan is one that failed anyway)."""
         v = newest_verified(self.dirpath, PREFIX, at_most=at_most)
-        live = dist.is_available() and dist.is_initialized()
-        if live:
-            dist.barrier()
-        if not live or dist.get_rank() == 0:
+        if trainer.is_global_zero:
             for folder in v.rejected:
                 quarantine(folder)
-        if live:
-            dist.barrier()
         guard.report(v.findings)
         return v
 
@@ -244,7 +242,7 @@ def fit(trainer: Any, model: Any, *, resume: bool = True, **fit_kwargs: Any) -> 
     cb, ckpt = _companions(trainer)
     path = None
     if resume:
-        v = ckpt.newest_verified(cb.guard)
+        v = ckpt.newest_verified(trainer, cb.guard)
         path = str(v.folder / f"{CKPT_NAME}.ckpt") if v.folder is not None else None
     while True:
         trainer.fit(model, ckpt_path=path, weights_only=True, **fit_kwargs)
@@ -252,7 +250,7 @@ def fit(trainer: Any, model: Any, *, resume: bool = True, **fit_kwargs: Any) -> 
         if stop is None:
             return
         stop.raise_if_halt()
-        v = ckpt.newest_verified(cb.guard, at_most=stop.step)
+        v = ckpt.newest_verified(trainer, cb.guard, at_most=stop.step)
         if v.folder is None:
             raise RunHalted(
                 f"the guard asked for a rollback at step {stop.step} but no checkpoint under "
