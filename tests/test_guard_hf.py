@@ -210,8 +210,8 @@ def resumed(guarded: Run, tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 def test_resume_skips_corrupt_checkpoints_to_the_newest_that_verifies(resumed: Run) -> None:
-    findings = resumed.trainer.checkpoint_findings
-    assert [(f.code, f.step) for f in findings] == [("C101", 40), ("C101", 30)]
+    findings = [(f.code, f.step) for f in resumed.trainer.checkpoint_findings]
+    assert findings == [("C101", 40), ("C101", 30), ("C112", 40), ("C112", 30)]
     assert {r["code"] for r in resumed.rows("finding")} >= {"C101"}  # reported in guard.jsonl
     assert sorted(p.name for p in (resumed.out / "quarantine").iterdir()) == [
         "checkpoint-30",

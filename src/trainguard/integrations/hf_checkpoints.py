@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import CorruptError
-from trainguard.integrations.verified import commit_folder, newest_verified, quarantine
+from trainguard.integrations.verified import commit_folder, newest_verified, quarantine_rejected
 
 STATE_FILE = "trainguard_state.json"
 PREFIX = "checkpoint-"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR + "-"
@@ -49,11 +49,9 @@ class TrainerCheckpoints:
         t = self.trainer
         v = newest_verified(t.args.output_dir, PREFIX, at_most=self.at_most)  # on every rank
         t.accelerator.wait_for_everyone()
-        if t.args.should_save:  # one process moves the rejected folders aside
-            for folder in v.rejected:
-                quarantine(folder)
+        moved = quarantine_rejected(v) if t.args.should_save else []  # by one process
         t.accelerator.wait_for_everyone()
-        self.last_findings = v.findings
+        self.last_findings = v.findings + moved
         if v.folder is None:
             return None
         self.folder = v.folder

@@ -50,7 +50,7 @@ from trainguard.integrations.verified import (
     Verified,
     commit_folder,
     newest_verified,
-    quarantine,
+    quarantine_rejected,
 )
 
 PREFIX = "step-"
@@ -215,10 +215,8 @@ class VerifiedModelCheckpoint(ModelCheckpoint):
         moved to `dirpath/quarantine/` by global rank 0. Call it on every rank: the others only
         read (a folder rank 0 moves away mid-scan is one that failed anyway)."""
         v = newest_verified(self.dirpath, PREFIX, at_most=at_most)
-        if trainer.is_global_zero:
-            for folder in v.rejected:
-                quarantine(folder)
-        guard.report(v.findings)
+        moved = quarantine_rejected(v) if trainer.is_global_zero else []
+        guard.report(v.findings + moved)
         return v
 
 

@@ -6,7 +6,8 @@ framework has written it, the manifest trainguard's own checkpoints carry
 checksum). The manifest is written last, atomically: a folder without one was never finished
 (a crash mid-save) and is never resumed from. On resume, the newest folder that verifies is
 used; every newer one is reported (C101-C105) and moved to `<root>/quarantine/` (the evidence
-is kept, never deleted, and the framework's own scans and rotation no longer see it).
+is kept, never deleted, and the framework's own scans and rotation no longer see it; C112),
+as trainguard's own checkpoint store does.
 """
 
 from __future__ import annotations
@@ -17,31 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.checkpoint.manifest import (
-    MANIFEST,
-    build_manifest,
-    manifest_bytes,
-    payload_files,
-    verify_local_folder,
-)
+from trainguard.checkpoint.folder import verify_local_folder
+from trainguard.checkpoint.local import QUARANTINE, free_path, fsync_tree
+from trainguard.checkpoint.manifest import MANIFEST, build_manifest, manifest_bytes
 from trainguard.findings import Finding
 from trainguard.util.atomic import atomic_write_bytes, fsync_dir
-
-QUARANTINE = "quarantine"
 
 
 def commit_folder(folder: str | Path, step: int, meta: dict[str, Any] | None = None) -> None:
     """Write the manifest of a folder the framework has finished writing (the commit marker).
 
-    The payload files are synced first (frameworks do not), so a manifest on disk never
-    describes files that a power cut could still take away."""
+    The payload is synced first (frameworks do not), so a manifest on disk never describes
+    files that a power cut could still take away."""
     folder = Path(folder)
-    for name in payload_files(folder):
-        fd = os.open(folder / name, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    fsync_tree(folder)
     atomic_write_bytes(folder / MANIFEST, manifest_bytes(build_manifest(folder, step, meta)))
 
 
@@ -63,26 +53,12 @@ def step_folders(root: str | Path, prefix: str) -> dict[int, Path]:
 @dataclass
 class Verified:
     """The newest folder that verifies (None if none does), and the newer ones that did not
-    (`rejected`) with the findings that say why."""
+    (`rejected`: each with the findings that say why, also gathered in `findings`)."""
 
     folder: Path | None = None
     step: int | None = None
     findings: list[Finding] = field(default_factory=list)
-    rejected: list[Path] = field(default_factory=list)
-
-
-def quarantine(folder: Path) -> Path:
-    """Move `folder` to `<its root>/quarantine/<name>` (`.1`, `.2`, ... if taken)."""
-    dest_dir = folder.parent / QUARANTINE
-    dest_dir.mkdir(exist_ok=True)
-    dest, n = dest_dir / folder.name, 0
-    while dest.exists():
-        n += 1
-        dest = dest_dir / f"{folder.name}.{n}"
-    os.rename(folder, dest)
-    fsync_dir(dest_dir)
-    fsync_dir(folder.parent)
-    return dest
+    rejected: dict[Path, list[Finding]] = field(default_factory=dict)
 
 
 def verify_folder(folder: str | Path, step: int) -> list[Finding]:
@@ -92,7 +68,7 @@ def verify_folder(folder: str | Path, step: int) -> list[Finding]:
 
 def newest_verified(root: str | Path, prefix: str, at_most: int | None = None) -> Verified:
     """Scan `root`'s `<prefix>N` folders (N <= `at_most`) from the newest; stop at the first
-    that verifies. Read-only: `quarantine` the rejected ones from one process of the job."""
+    that verifies. Read-only: one process of the job then calls `quarantine_rejected`."""
     out = Verified()
     folders = step_folders(root, prefix)
     for step in sorted((s for s in folders if at_most is None or s <= at_most), reverse=True):
@@ -101,5 +77,29 @@ def newest_verified(root: str | Path, prefix: str, at_most: int | None = None) -
             out.folder, out.step = folders[step], step
             return out
         out.findings += problems
-        out.rejected.append(folders[step])
+        out.rejected[folders[step]] = problems
     return out
+
+
+def quarantine_rejected(verified: Verified) -> list[Finding]:
+    """Move each rejected folder to `<its root>/quarantine/<name>` (`.1`, ... if taken); one
+    C112 finding each. Nothing is deleted."""
+    moved = []
+    for folder, problems in verified.rejected.items():
+        target = free_path(folder.parent / QUARANTINE / folder.name)
+        target.parent.mkdir(exist_ok=True)
+        os.rename(folder, target)
+        fsync_dir(target.parent)
+        fsync_dir(folder.parent)
+        why = "; ".join(f.message for f in problems if f.severity == "error") or "invalid"
+        moved.append(
+            Finding.of(
+                "C112",
+                f"{folder.name} failed verification ({why}); moved to {target} instead of "
+                "deleting it",
+                step=problems[0].step if problems else None,
+                where=str(target),
+                data={"problems": [f.code for f in problems if f.severity == "error"]},
+            )
+        )
+    return moved
