@@ -35,6 +35,9 @@ from trainguard.errors import ConfigError, CorruptError, RunHalted  # noqa: E402
 from trainguard.guard import Guard, GuardsConfig  # noqa: E402
 from trainguard.integrations.hf import GuardedTrainer, TrainguardCallback  # noqa: E402
 
+# One worker builds this file's session runs under `-n N --dist loadgroup`.
+pytestmark = pytest.mark.xdist_group("hf-trainer")
+
 NAN_STEP, SPIKE_STEP, STEPS, SAVE_EVERY = 12, 30, 40, 10
 # States recorded after this many updates: around each poisoned step and around a clean one.
 SNAP = (NAN_STEP, NAN_STEP + 1, 20, 21, SPIKE_STEP, SPIKE_STEP + 1)

@@ -35,6 +35,9 @@ from trainguard.integrations.lightning import (  # noqa: E402
     fit,
 )
 
+# One worker builds this file's session runs under `-n N --dist loadgroup`.
+pytestmark = pytest.mark.xdist_group("lightning-trainer")
+
 NAN_STEP, SPIKE_STEP, STEPS, SAVE_EVERY, BATCH, VOCAB = 12, 30, 40, 10, 4, 64
 SNAP = (NAN_STEP, NAN_STEP + 1, 20, 21, SPIKE_STEP, SPIKE_STEP + 1)  # updates done
 WARMUP = GuardsConfig(spike_min_history=12, spike_window=16)  # see test_guard_hf.py
@@ -265,8 +268,13 @@ def test_a_halt_saves_nothing_more_and_raises(tmp_path: Path) -> None:
     assert list((tmp_path / "ckpt").glob("step-*")) == []  # called off
 
 
-def test_the_companion_refuses_another_layout(tmp_path: Path) -> None:
+def test_layouts_that_cannot_resume_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="filename"):
         VerifiedModelCheckpoint(tmp_path, filename="{epoch}")
     with pytest.raises(ConfigError, match="ElasticSampler"):
         TrainguardLightningCallback(torch.utils.data.SequentialSampler(range(4)))  # type: ignore[arg-type]
+    sized = ElasticSampler(8, global_batch_size=4, seed=0, max_steps=2)
+    trainer = L.Trainer(max_steps=2, callbacks=[TrainguardLightningCallback(sized)], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
+    with pytest.raises(ConfigError, match="endless"):
+        trainer.fit(TinyLM(set(), set()), DataLoader(Tokens(), sampler=sized, batch_size=4))

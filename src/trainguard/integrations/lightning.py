@@ -100,6 +100,13 @@ class TrainguardLightningCallback(Callback):
                 "build it with rank=trainer.global_rank, world_size=trainer.world_size and pass "
                 "Trainer(use_distributed_sampler=False)",
             )
+        if self.sampler.max_steps is not None or trainer.max_steps < 0:
+            raise ConfigError(
+                "the ElasticSampler must be endless and the Trainer must end the run: a resumed "
+                "fit restarts the loader's iterator at the restored step, and a sampler with a "
+                "length would end Lightning's epoch early",
+                "ElasticSampler(..., max_steps=None) and L.Trainer(max_steps=N)",
+            )
         self.stop_decision, self._step_loss, self._judged = None, None, None
         self.sampler.set_step(0)  # a fresh fit; a restored checkpoint moves it (load_state_dict)
 
@@ -236,7 +243,8 @@ def _companions(trainer: Any) -> tuple[TrainguardLightningCallback, VerifiedMode
 def fit(trainer: Any, model: Any, *, resume: bool = True, **fit_kwargs: Any) -> None:
     """`trainer.fit(model, **fit_kwargs)` from the newest checkpoint that verifies (`resume`),
     rolling back in-process whenever the guard asks for it (see the module docstring).
-    Checkpoints are loaded with `weights_only=True` (no arbitrary unpickling)."""
+    Checkpoints are loaded with `weights_only=True` (no arbitrary unpickling: hyperparameters
+    saved with `save_hyperparameters` must be plain values)."""
     cb, ckpt = _companions(trainer)
     path = None
     if resume:
