@@ -17,6 +17,7 @@ _LAZY = {
     "ElasticSampler": "trainguard.data.sampler",
     "Watchdog": "trainguard.monitors.watchdog",
     "Finding": "trainguard.findings",
+    "Checkpointer": "trainguard.checkpoint.checkpointer",
     "run_recipe": "trainguard.train.run",
     "load_recipe": "trainguard.config.load",
 }

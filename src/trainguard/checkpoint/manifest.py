@@ -88,18 +88,28 @@ def payload_files(folder: Path) -> list[str]:
     return sorted(names)
 
 
-def build_manifest(folder: Path, step: int, meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Sizes and checksums of the payload files in `folder`, plus the manifest's own checksum."""
-    files = {
-        name: {"size": (folder / name).stat().st_size, "checksum": file_checksum(folder / name)}
-        for name in payload_files(folder)
-    }
+def build_manifest(
+    folder: Path | None,
+    step: int,
+    meta: dict[str, Any] | None = None,
+    files: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Sizes and checksums of the payload files in `folder`, plus the manifest's own checksum.
+
+    `files` ({name: {"size", "checksum"}}) replaces reading `folder` when the files were
+    checksummed by the processes that wrote them (a sharded save: each rank its own)."""
+    if files is None:
+        assert folder is not None
+        files = {
+            name: {"size": (folder / name).stat().st_size, "checksum": file_checksum(folder / name)}
+            for name in payload_files(folder)
+        }
     body = {
         "format": FORMAT,
         "step": int(step),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "checksum_algo": "xxh3_128",
-        "files": files,
+        "files": dict(sorted(files.items())),
         "meta": meta or {},
     }
     return {**body, "manifest_checksum": _self_checksum(body)}

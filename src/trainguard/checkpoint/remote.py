@@ -37,10 +37,12 @@ from trainguard.checkpoint.manifest import (
     MANIFEST,
     UnsafeEntry,
     check_files,
+    manifest_bytes,
     parse_manifest,
     parse_step_dirname,
     step_dirname,
 )
+from trainguard.checkpoint.node_cache import CacheEntry, NodeCache
 from trainguard.checkpoint.retry import (
     RetryPolicy,
     RetryStats,
@@ -72,8 +74,11 @@ class RemoteBackend:
         rank: int = 0,
         on_phase: Callable[[str, int], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        node_cache: NodeCache | None = None,
     ) -> None:
         self.fs, self.root, self.url = fs, root, url.rstrip("/")
+        self.node_cache = node_cache
+        self._held: CacheEntry | None = None  # the node-cache entry last handed out
         self.cache_dir, self.policy, self.bucket = cache_dir, policy, bucket
         self.rank, self.on_phase, self.sleep = rank, on_phase, sleep
         self.stats = RetryStats()
@@ -306,8 +311,16 @@ class RemoteBackend:
         # The staged folder becomes the cached copy of the newest checkpoint. The step is
         # already committed remotely, so a cache failure only costs a download on resume.
         try:
-            install(stage, self.cache_dir / step_dirname(step))
-            self._prune_cache(keep=step)
+            if self.node_cache is not None:
+                files = dict(manifest["files"])
+                files[MANIFEST] = {
+                    "size": len(mbytes),
+                    "checksum": xxhash.xxh3_128(mbytes).hexdigest(),
+                }
+                self.node_cache.adopt(self._cache_key(step, manifest), stage, files)
+            else:
+                install(stage, self.cache_dir / step_dirname(step))
+                self._prune_cache(keep=step)
         except OSError:
             shutil.rmtree(stage, ignore_errors=True)
         return self.location(step), self.stats.findings(step, "save", self.location(step))
@@ -340,6 +353,9 @@ class RemoteBackend:
         manifest, findings = parse_manifest(raw, step, self.location(step))
         if manifest is None:
             return self.cache_dir / step_dirname(step), findings, False
+        if self.node_cache is not None:
+            assert raw is not None
+            return self._fetch_into_node_cache(step, raw, manifest)
         cached = self.cache_dir / step_dirname(step)
         notes: list[Finding] = []
         if cached.is_dir():
@@ -397,3 +413,82 @@ class RemoteBackend:
         if self._known is not None:
             self._known.pop(step, None)
         return []
+
+    # -- sharded saves: every rank uploads its own files ---------------------------------------
+    def upload_files(self, step: int, folder: Path, files: dict[str, dict]) -> None:
+        """Upload this process's payload files of `step` from `folder` ({name: {"size",
+        "checksum"}} as the writer computed them): staggered by rank, rate-limited, retried,
+        read back and verified; the retries are in `self.stats`. The step is not committed
+        until `commit_manifest`."""
+        self.stats = RetryStats()
+        self._stagger()
+        for name, entry in sorted(files.items()):
+            self._upload(folder / name, self._rpath(step, name), entry)
+
+    def commit_manifest(self, step: int, manifest: dict[str, Any]) -> tuple[str, list[Finding]]:
+        """Upload the manifest of a step whose payload its writers uploaded: the commit point."""
+        self.stats = RetryStats()
+        mbytes = manifest_bytes(manifest)
+        if self.on_phase is not None:
+            self.on_phase("checkpoint_rename", step)
+        self._manifests[(step, len(mbytes))] = mbytes
+        entry = {"size": len(mbytes), "checksum": xxhash.xxh3_128(mbytes).hexdigest()}
+
+        def put() -> None:
+            with self.fs.open(self._rpath(step, MANIFEST), "wb") as dst:
+                dst.write(mbytes)
+
+        self._retry(put, f"upload {self.location(step)}/{MANIFEST}")
+        why = self._retry(lambda: self._mismatch(self._rpath(step, MANIFEST), entry), "verify")
+        if why is not None:
+            raise VerifyMismatch(why)
+        self._known = None
+        return self.location(step), self.stats.findings(step, "save", self.location(step))
+
+    # -- loading through the machine-wide node cache -------------------------------------------
+    def _cache_key(self, step: int, manifest: dict[str, Any]) -> str:
+        return f"{self.url}/{step_dirname(step)}#{manifest['manifest_checksum']}"
+
+    def release_cache(self) -> None:
+        """Done reading the fetched step: the node cache may evict or refetch it again."""
+        if self._held is not None:
+            self._held.release()
+            self._held = None
+
+    def _fetch_into_node_cache(
+        self, step: int, raw: bytes, manifest: dict[str, Any]
+    ) -> tuple[Path, list[Finding], bool]:
+        """Fetch `step` into the node cache (one download per machine: whichever process gets
+        there first downloads, the others wait on the entry's lock and verify the copy)."""
+        assert self.node_cache is not None
+        key = self._cache_key(step, manifest)
+        expect = dict(manifest["files"])
+        expect[MANIFEST] = {"size": len(raw), "checksum": xxhash.xxh3_128(raw).hexdigest()}
+        corrupt: list[Finding] = []
+
+        class _Corrupt(Exception):
+            pass
+
+        def fill(dest: Path) -> None:
+            self._stagger()
+            corrupt.extend(self._download(step, manifest, dest))
+            if corrupt:
+                raise _Corrupt
+            (dest / MANIFEST).write_bytes(raw)
+
+        self.release_cache()
+        try:
+            entry = self.node_cache.get(key, fill, expect)
+        except _Corrupt:
+            return self.node_cache.root / "absent", corrupt, False
+        self._held = entry  # kept from eviction until release_cache()
+        notes = [
+            Finding.of(
+                "C205",
+                f"cached copy of step {step} not used ({why}); downloading it again",
+                step=step,
+                where=str(entry.path),
+            )
+            for why in entry.notes
+        ]
+        return entry.path, notes + self.stats.findings(step, "load", self.location(step)), entry.hit

@@ -1,4 +1,5 @@
-"""What the store hands back: the result of a save, a loaded checkpoint, an async save handle."""
+"""What the store and the Checkpointer hand back: the result of a save, a loaded checkpoint,
+async save handles."""
 
 from __future__ import annotations
 
@@ -51,3 +52,19 @@ class SaveHandle:
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         return self.future.exception(timeout)
+
+
+class AsyncSave:
+    """The handle `save` returns with `async_save=True`. `wait()` returns the checkpoint's
+    path or raises the error of the background write; `stall_s` is how long `save` blocked."""
+
+    def __init__(self, future: Future[str], stall_s: float) -> None:
+        self.future, self.stall_s = future, stall_s
+        self.observed = False
+
+    def wait(self, timeout: float | None = None) -> str:
+        self.observed = True
+        return self.future.result(timeout)
+
+    def done(self) -> bool:
+        return self.future.done()

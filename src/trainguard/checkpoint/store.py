@@ -29,6 +29,7 @@ from trainguard.checkpoint.manifest import (
     parse_manifest,
     step_dirname,
 )
+from trainguard.checkpoint.node_cache import NodeCache
 from trainguard.checkpoint.remote import RemoteBackend
 from trainguard.checkpoint.results import CheckpointInfo, LoadedCheckpoint, SaveHandle
 from trainguard.checkpoint.retention import apply_retention, displace
@@ -48,7 +49,9 @@ class CheckpointStore:
     seconds late, are limited to `rate_limit_bytes_per_s`, and are retried with full-jitter
     backoff. `filesystem` (an fsspec filesystem) overrides the one built from the URL;
     `on_phase(phase, step)` is called at "checkpoint_rename", just before the commit point
-    (fire drills kill the process there).
+    (fire drills kill the process there). `node_cache` (remote roots): fetched steps go into
+    this machine-wide cache (one download per node, shared by its processes) instead of the
+    store's own `cache_dir`.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class CheckpointStore:
         rate_limit_bytes_per_s: float | None = None,
         filesystem: Any | None = None,
         on_phase: Callable[[str, int], None] | None = None,
+        node_cache: NodeCache | None = None,
     ) -> None:
         if keep < 1:
             raise BadInputError(f"keep={keep}: at least one checkpoint must be kept", "keep >= 1")
@@ -96,7 +100,15 @@ class CheckpointStore:
             bucket = TokenBucket(rate_limit_bytes_per_s) if rate_limit_bytes_per_s else None
             cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir(self.root)
             self.backend = RemoteBackend(
-                fs, path, self.root, cache, self.retry, bucket, rank, on_phase
+                fs,
+                path,
+                self.root,
+                cache,
+                self.retry,
+                bucket,
+                rank,
+                on_phase,
+                node_cache=node_cache,
             )
 
     # -- writing -------------------------------------------------------------------------------
@@ -134,6 +146,59 @@ class CheckpointStore:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-ckpt")
         self._pending = self._executor.submit(self._commit, step, stage, meta, t0)
         return SaveHandle(self._pending, time.perf_counter() - t0)
+
+    def commit_files(
+        self,
+        step: int,
+        stage: Path | None,
+        files: dict[str, dict],
+        meta: dict | None = None,
+        prune: bool = True,
+    ) -> CheckpointInfo:
+        """Commit a step whose payload several processes wrote and checksummed (a sharded save).
+
+        `files` is the table the writers reported ({name: {"size", "checksum"}}); the manifest
+        is built from it rather than by reading every rank's files again. Locally `stage` is
+        the shared temp folder holding all of them (renamed into place as in `save`); on
+        object storage each writer has uploaded and verified its own objects
+        (`backend.upload_files`), `stage` is None and only the manifest is uploaded, last.
+        `prune=False` leaves retention to a later `prune(step)` (off the caller's path)."""
+        t0 = time.perf_counter()
+        with self._lock:
+            try:
+                manifest = build_manifest(None, step, meta, files=files)
+                if stage is None:  # make_room(step) ran before the writers uploaded
+                    location, findings = self.backend.commit_manifest(step, manifest)
+                else:
+                    displaced = displace(self.backend, step, self._rejected)
+                    location, findings = self.backend.commit(step, stage, manifest)
+                    findings = displaced + findings
+            except Exception as e:
+                if stage is not None:
+                    shutil.rmtree(stage, ignore_errors=True)
+                self.backend.abort(step)
+                raise self._failure(step, "commit", e) from e
+            nbytes = sum(int(f["size"]) for f in files.values())
+            return self._verify_and_prune(step, location, manifest, nbytes, findings, t0, prune)
+
+    def make_room(self, step: int) -> list[Finding]:
+        """Before several writers upload step `step` to object storage: an old step of that
+        number is quarantined if it failed verification, else replaced (removed first, so old
+        and new objects never mix)."""
+        with self._lock:
+            findings = displace(self.backend, step, self._rejected)
+            if self.backend.has_step(step):
+                self.backend.delete(step)
+            return findings
+
+    def prune(self, protect: int) -> tuple[list[int], list[Finding]]:
+        """Apply retention now, never deleting step `protect` (the newest save)."""
+        with self._lock:
+            try:
+                status = self.backend.quick_status()
+            except Exception as e:
+                return [], [self._retention_skipped(e)]
+            return apply_retention(self.backend, status, self.keep, protect, self._rejected)
 
     def _wait_pending(self) -> None:
         if self._pending is not None:
@@ -213,6 +278,19 @@ class CheckpointStore:
                     raise
                 self.backend.abort(step)
                 raise self._failure(step, "commit", e) from e
+            return self._verify_and_prune(step, location, manifest, nbytes, findings, t0)
+
+    def _verify_and_prune(
+        self,
+        step: int,
+        location: str,
+        manifest: dict[str, Any],
+        nbytes: int,
+        findings: list[Finding],
+        t0: float,
+        prune: bool = True,
+    ) -> CheckpointInfo:
+        with self._lock:
             # Verify the new step in place before pruning anything older.
             try:
                 status = self.backend.quick_status()
@@ -227,9 +305,15 @@ class CheckpointStore:
                     "written: " + "; ".join(f.message for f in problems),
                     "check the storage for silent truncation; older checkpoints were kept",
                 )
-            deleted, prune_findings = apply_retention(
-                self.backend, status, self.keep, step, self._rejected
-            )
+            if prune:
+                deleted, prune_findings = apply_retention(
+                    self.backend, status, self.keep, step, self._rejected
+                )
+            else:
+                deleted, prune_findings = [], []
+            if self.backend.remote:  # retries of the listing and pruning above count too
+                findings = [f for f in findings if f.code not in ("C202", "C203")]
+                findings += self.backend.stats.findings(step, "save", location)
             return CheckpointInfo(
                 step=step,
                 location=location,

@@ -1,0 +1,355 @@
+"""`trainguard.Checkpointer`: verified, collective checkpoints of any training state.
+
+    ckpt = trainguard.Checkpointer("s3://bucket/run", keep=3, async_save=True)
+    state = {"model": model, "optimizer": opt, "sampler": sampler, "guard": guard}
+    start = ckpt.load_latest(state) or 0       # every rank calls it; restores in place
+    for step in range(start, max_steps):
+        ...
+        if (step + 1) % 100 == 0:
+            ckpt.save(step + 1, state)          # every rank calls it; step = completed steps
+    ckpt.close()
+
+Non-sharded state goes through a Layout (layout.py) and rank 0's CheckpointStore (temp name,
+fsync, manifest last, rename; fsspec URLs with staggered, rate-limited, retried uploads).
+FSDP2-sharded state (or `sharded=True`) goes through DCP, every rank writing its own shards
+(sharded.py). Either way every rank's RNG states are saved, loading verifies every file before
+anything reads it, falls back past damaged steps (findings in `last_findings`, logged) and
+retention keeps the newest `keep`. A remote checkpoint is fetched once per machine into the node
+cache (node_cache.py) and read there by the machine's other ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from trainguard.checkpoint.group import CheckpointGroup
+from trainguard.checkpoint.layout import FlatLayout, Layout, Part, check_keys, classify
+from trainguard.checkpoint.node_cache import NodeCache
+from trainguard.checkpoint.results import AsyncSave
+from trainguard.checkpoint.resume import (
+    check_payload,
+    name_rank,
+    restore_generators,
+    same_manifest,
+)
+from trainguard.checkpoint.retry import RetryPolicy
+from trainguard.checkpoint.rng import capture_rng
+from trainguard.checkpoint.sharded import ShardedIO, failure_text, is_sharded_module
+from trainguard.checkpoint.store import CheckpointStore, _is_url
+from trainguard.errors import BadInputError, StorageError
+from trainguard.findings import Finding
+
+log = logging.getLogger("trainguard.checkpoint")
+FORMAT = 1
+DCP_LAYOUT = "dcp/1"
+Job = Callable[[], tuple[str, list[Finding]]]
+
+
+class Checkpointer:
+    """Collective, verified checkpoints of a dict of modules, optimizers, stateful objects,
+    tensors and plain data. See the module docstring; docs/architecture.md has the contract.
+
+    Creating one is collective under torch.distributed (it makes a gloo group for its own
+    traffic): every rank creates its Checkpointers in the same order. Extra keywords beyond
+    issue 11's signature: `layout` (the files of a non-sharded checkpoint), `retry` (backoff,
+    stagger and verification of remote transfers), `cache_dir` (the node cache, default
+    `$TRAINGUARD_CACHE/node`), `on_phase(phase, step)` (fire drills: "shards_written" on every
+    rank, "checkpoint_rename" on rank 0 just before the commit)."""
+
+    def __init__(
+        self,
+        path_or_url: str | Path,
+        *,
+        keep: int = 3,
+        async_save: bool = False,
+        sharded: bool | None = None,
+        rate_limit_mb_s: float | None = None,
+        storage_options: dict | None = None,
+        layout: Layout | None = None,
+        retry: RetryPolicy | None = None,
+        cache_dir: str | Path | None = None,
+        on_phase: Callable[[str, int], None] | None = None,
+    ) -> None:
+        if rate_limit_mb_s is not None and rate_limit_mb_s <= 0:
+            raise BadInputError(
+                f"rate_limit_mb_s={rate_limit_mb_s} must be positive",
+                "pass None for no limit, or megabytes per second per rank",
+            )
+        if sharded not in (None, True, False):
+            raise BadInputError(f"sharded={sharded!r}", "pass None (detect), True or False")
+        self.root = str(path_or_url)
+        self.async_save, self.sharded = bool(async_save), sharded
+        self.layout: Layout = layout or FlatLayout()
+        self.group = CheckpointGroup()
+        node_cache, staging = None, None
+        if _is_url(self.root):
+            node_cache = NodeCache(cache_dir) if cache_dir is not None else NodeCache()
+            # Uploads are staged beside the node cache, so a staged copy moves into it.
+            staging = str(node_cache.root / ".staging")
+        self.store = CheckpointStore(
+            self.root,
+            keep=keep,
+            cache_dir=staging,
+            rank=self.group.rank,
+            world_size=self.group.size,
+            storage_options=storage_options,
+            retry=retry,
+            rate_limit_bytes_per_s=rate_limit_mb_s * 1e6 if rate_limit_mb_s else None,
+            on_phase=on_phase,
+            node_cache=node_cache,
+        )
+        self.sharded_io = ShardedIO(self.store, self.group, on_phase)
+        self.last_findings: list[Finding] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: AsyncSave | None = None
+        self._housekeeping: list[Future[None]] = []  # background retention
+
+    # -- saving --------------------------------------------------------------------------------
+    def save(self, step: int, state: dict[str, Any]) -> str | AsyncSave:
+        """Save `state` as step `step` (completed steps); collective. Returns the checkpoint's
+        path or URL, or with `async_save=True` an AsyncSave handle (the state is captured
+        before this returns, so the caller may change it right away)."""
+        t0 = time.perf_counter()
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise BadInputError(f"step={step!r}", "pass the number of completed steps, an int >= 0")
+        parts = classify(state)
+        self._drain()
+        sharded = self._is_sharded(parts)
+        meta = {
+            "checkpointer": {
+                "format": FORMAT,
+                "layout": DCP_LAYOUT if sharded else self.layout.name,
+                "sharded": sharded,
+                "world_size": self.group.size,
+                "keys": {p.key: p.kind for p in parts},
+            }
+        }
+        if sharded:  # the generator states travel with the shards' checksums to rank 0
+            write = self.sharded_io.prepare_save(step, parts, capture_rng(), self.async_save, meta)
+
+            def job() -> tuple[str, list[Finding]]:
+                info = write()
+                if self.group.rank == 0:  # retention in the background, as torchtitan purges
+                    self._housekeeping.append(self._background().submit(self._prune, step))
+                return info.location, info.findings
+        else:  # rank 0 writes everything, every rank's generator states included
+            job = self._plain_job(step, parts, self.group.all_gather(capture_rng()), meta)
+        if not self.async_save:
+            return self._finish(*job())
+        handle = AsyncSave(self._background().submit(lambda: self._finish(*job())), 0.0)
+        handle.stall_s = time.perf_counter() - t0
+        self._pending = handle
+        return handle
+
+    def _plain_job(self, step: int, parts: list[Part], rng: list[dict], meta: dict) -> Job:
+        """Rank 0 captures the state now; the job writes it through the store and tells every
+        rank the outcome."""
+        snapshot, error = None, None
+        if self.group.rank == 0:
+            try:
+                snapshot = self.layout.snapshot(parts, rng, self.async_save)
+            except Exception as e:
+                error = e
+        self._agree(error, "capture the state for the checkpoint")
+
+        def job() -> tuple[str, list[Finding]]:
+            location, findings, err = None, [], None
+            if self.group.rank == 0:
+                try:
+                    info = self.store.save(step, lambda d: self.layout.write(d, snapshot), meta)
+                    location, findings = info.location, info.findings
+                except Exception as e:
+                    err = e
+            outcome = self.group.broadcast((location, failure_text(err), _dicts(findings)))
+            if err is not None:
+                raise err
+            if outcome[1] is not None:
+                raise StorageError(
+                    outcome[1], "see rank 0's error; the previous checkpoint is kept"
+                )
+            return outcome[0], _findings(outcome[2])
+
+        return job
+
+    def _background(self) -> ThreadPoolExecutor:
+        """One thread for async saves and retention, in order."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-checkpointer")
+        return self._executor
+
+    def _prune(self, step: int) -> None:
+        _deleted, findings = self.store.prune(protect=step)
+        for f in findings:
+            log.warning("%s", f)
+
+    def _finish(self, location: str, findings: list[Finding]) -> str:
+        self._report(findings)
+        return location
+
+    def _is_sharded(self, parts: list[Part]) -> bool:
+        if self.sharded is not None:
+            return self.sharded
+        return any(p.kind == "module" and is_sharded_module(p.value) for p in parts)
+
+    def _drain(self) -> None:
+        """Wait for the async save in flight; raise its error if nobody has seen it."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        wait([pending.future])
+        error = pending.future.exception()
+        if error is not None and not pending.observed:
+            pending.observed = True
+            raise error
+
+    def close(self) -> None:
+        """Wait for an async save in flight (raising its error if never waited for)."""
+        try:
+            self._drain()
+        finally:
+            self._housekeeping = []
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- loading -------------------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        """Committed steps in the root (not yet verified)."""
+        return self.store.steps()
+
+    def load_latest(self, state: dict[str, Any]) -> int | None:
+        """Restore `state` in place from the newest valid checkpoint; collective.
+
+        Returns its step (completed steps), or None when there is none (a fresh start). Rank 0
+        picks the step (falling back past damaged ones) and every rank loads that one."""
+        parts = classify(state)
+        self._drain()
+        wait(self._housekeeping)  # retention must not delete a step while it is read
+        self._housekeeping = []
+        choice, findings, error, mine = None, [], None, None
+        if self.group.rank == 0:
+            try:
+                loaded = self.store.load_latest(usable=check_payload)
+                findings = self.store.last_findings
+                if loaded is not None:
+                    choice = (loaded.step, loaded.manifest["manifest_checksum"], loaded.manifest)
+                    mine = loaded.path
+            except Exception as e:
+                error = e
+        choice, text, finding_dicts = self.group.broadcast(
+            (choice, failure_text(error), _dicts(findings))
+        )
+        if error is not None:
+            raise error
+        if text is not None:
+            raise StorageError(text, "see rank 0's error")
+        findings = [name_rank(f) for f in _findings(finding_dicts)]
+        if choice is None:
+            self._report(findings)
+            return None
+        step, checksum, manifest = choice
+        rng: list[dict] = []
+        try:
+            folder = self._folder(step, checksum, mine)
+            try:
+                rng = self._restore(folder, parts, state, step, manifest["meta"])
+            except Exception as e:
+                error = e
+            self._agree(error, f"restore checkpoint step {step}")
+        finally:
+            if self.store.backend.remote:  # the node cache may evict or refetch it now
+                self.store.backend.release_cache()
+        findings += restore_generators(rng, step, self.group.rank, self.group.size)
+        self._report(findings)
+        return step
+
+    def _folder(self, step: int, checksum: str, verified: Path | None) -> Path:
+        """The verified local folder of `step` on this rank; collective. `verified` is rank 0's.
+
+        Local roots are shared by every rank (rank 0 verified the files). Remote ones are
+        fetched once per machine: each node's local rank 0 downloads and verifies into the
+        node cache while the node's other ranks wait, then they verify the local copy."""
+        g, folder, error = self.group, verified, None
+
+        def fetch() -> None:
+            nonlocal folder, error
+            try:
+                folder = folder or self.store.load(step).path
+                same_manifest(folder, step, checksum, g.rank)
+            except Exception as e:
+                error = e
+
+        if not self.store.backend.remote:
+            folder = folder or Path(self.store.backend.location(step))
+            fetch()
+        else:
+            if g.rank == 0 or g.is_node_leader:
+                fetch()
+            g.barrier()  # the node's copy is in place before its other ranks look
+            if not (g.rank == 0 or g.is_node_leader):
+                fetch()
+        self._agree(error, f"fetch checkpoint step {step}")
+        assert folder is not None
+        return folder
+
+    def _restore(
+        self, folder: Path, parts: list[Part], state: dict, step: int, meta: dict
+    ) -> list[dict]:
+        info = meta.get("checkpointer")
+        if not isinstance(info, dict) or info.get("format") != FORMAT:
+            raise BadInputError(
+                f"checkpoint step {step} in {self.root} was not written by a Checkpointer "
+                "(its manifest has no 'checkpointer' entry of this format)",
+                "point the Checkpointer at its own folder; `trainguard run` checkpoints are "
+                "read by `trainguard run`",
+            )
+        check_keys(info["keys"], parts, step)
+        if info["sharded"]:
+            return self.sharded_io.load(folder, parts, state, step)
+        if info["layout"] != self.layout.name:
+            raise BadInputError(
+                f"checkpoint step {step} has layout {info['layout']!r}; this Checkpointer "
+                f"reads {self.layout.name!r}",
+                "load it with a Checkpointer given the layout it was written with",
+            )
+        return self.layout.read(folder, parts, state, step)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _agree(self, error: BaseException | None, what: str) -> None:
+        """Raise on every rank if the step failed on any (the local error where it happened)."""
+        failed = self.group.agree(error)
+        if error is not None:
+            raise error
+        if failed:
+            rank, text, bad_input = failed[0]
+            cls = BadInputError if bad_input else StorageError
+            raise cls(f"could not {what}: rank {rank} failed: {text}", "see that rank's error")
+
+    def _report(self, findings: list[Finding]) -> None:
+        self.last_findings = findings
+        if self.group.rank != 0:
+            return
+        for f in findings:
+            level = {"error": logging.ERROR, "warning": logging.WARNING}.get(
+                f.severity, logging.INFO
+            )
+            log.log(level, "%s", f)
+
+
+def _dicts(findings: list[Finding]) -> list[dict]:
+    return [f.to_dict() for f in findings]
+
+
+def _findings(dicts: list[dict]) -> list[Finding]:
+    return [Finding.from_dict(d) for d in dicts]

@@ -1,0 +1,168 @@
+"""What a Checkpointer's state is made of, and how a non-sharded checkpoint lays it out in files.
+
+`classify` sorts the values of the caller's state dict into modules, optimizers, other objects
+with `state_dict()/load_state_dict()`, tensors and plain data, refusing anything else before a
+byte is written. A `Layout` turns such a state into the payload files of one checkpoint folder
+and back. `FlatLayout`, the default, writes
+
+    state.json + state.safetensors   every value's state (codec.py: JSON skeleton + tensors)
+                                     and every rank's generator states (rng.py), by rank
+
+A loop with an established file layout (`trainguard run`: model.safetensors, optimizer.pt,
+loader.json, ... read by eval, report and the drills) passes its own Layout instead; the
+Checkpointer keeps the rest (snapshot, async, manifest, verification, fallback, retention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from trainguard.checkpoint import codec
+from trainguard.errors import BadInputError
+
+KIND_ORDER = ("module", "optimizer", "stateful", "tensor", "plain")  # restore order
+
+
+@dataclass
+class Part:
+    """One value of the caller's state dict and what it is."""
+
+    key: str
+    kind: str  # one of KIND_ORDER
+    value: Any
+
+    @property
+    def where(self) -> str:
+        suffix = ".state_dict()" if self.kind in ("module", "optimizer", "stateful") else ""
+        return f"state[{self.key!r}]{suffix}"
+
+    def state(self) -> Any:
+        """What is stored for this value: its state_dict, or the value itself."""
+        if self.kind in ("module", "optimizer", "stateful"):
+            return self.value.state_dict()
+        return self.value
+
+
+def classify(state: Any) -> list[Part]:
+    """The parts of `state`, or BadInputError naming the first value that cannot be stored."""
+    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+        raise BadInputError(
+            f"the checkpoint state must be a dict with string keys, got {type(state).__name__}",
+            'pass a dict such as {"model": model, "optimizer": optimizer, "sampler": sampler}',
+        )
+    parts = []
+    for key, value in state.items():
+        if isinstance(value, torch.nn.Module):
+            kind = "module"
+        elif isinstance(value, torch.optim.Optimizer):
+            kind = "optimizer"
+        elif callable(getattr(value, "state_dict", None)):
+            if not callable(getattr(value, "load_state_dict", None)):
+                raise BadInputError(
+                    f"state[{key!r}] ({type(value).__name__}) has state_dict() but no "
+                    "load_state_dict(), so it could be saved but never restored",
+                    "add a load_state_dict(state) method to it, or store its plain data",
+                )
+            kind = "stateful"
+        elif isinstance(value, torch.Tensor):
+            kind = "tensor"
+        else:
+            codec.encode(value, f"state[{key!r}]")  # raises BadInputError naming the value
+            kind = "plain"
+        parts.append(Part(key, kind, value))
+    return parts
+
+
+def restore(part: Part, value: Any, state: dict[str, Any], step: int) -> None:
+    """Put a loaded value back: in place for objects and tensors, into `state` for plain data."""
+    try:
+        if part.kind in ("module", "optimizer", "stateful"):
+            part.value.load_state_dict(value)
+        elif part.kind == "tensor":
+            if tuple(part.value.shape) != tuple(value.shape):
+                raise ValueError(f"shape {tuple(value.shape)} != {tuple(part.value.shape)}")
+            with torch.no_grad():
+                part.value.copy_(value)
+        else:
+            state[part.key] = value
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise BadInputError(
+            f"checkpoint step {step} does not fit state[{part.key!r}]: {type(e).__name__}: {e}",
+            "resume with the same model, optimizer and state keys the checkpoint was saved "
+            "with (or start a fresh checkpoint folder)",
+        ) from e
+
+
+def check_keys(saved: dict[str, str], parts: list[Part], step: int) -> None:
+    """The caller's state must hold exactly the keys (and kinds) the checkpoint holds."""
+    mine = {p.key: p.kind for p in parts}
+    if mine == saved:
+        return
+    missing = sorted(set(mine) - set(saved))
+    extra = sorted(set(saved) - set(mine))
+    changed = sorted(k for k in set(mine) & set(saved) if mine[k] != saved[k])
+    raise BadInputError(
+        f"checkpoint step {step} holds state keys {sorted(saved)}; the state passed holds "
+        f"{sorted(mine)} (not in the checkpoint: {missing}; only in the checkpoint: {extra}; "
+        f"different kind: {changed})",
+        "pass the same state keys the checkpoint was saved with",
+    )
+
+
+class Layout(Protocol):
+    """How a non-sharded checkpoint's payload files look.
+
+    `snapshot` runs in the caller's thread and must capture everything (with `copy=True` the
+    caller mutates the state right after); `write` may run in a background thread and only
+    sees the snapshot; `read` restores the caller's state in place and returns the saved
+    per-rank RNG states (a list indexed by rank). `name` is recorded in the manifest."""
+
+    name: str
+
+    def snapshot(self, parts: list[Part], rng: list[dict[str, Any]], copy: bool) -> Any: ...
+
+    def write(self, folder: Path, snapshot: Any) -> None: ...
+
+    def read(
+        self, folder: Path, parts: list[Part], state: dict[str, Any], step: int
+    ) -> list[dict[str, Any]]: ...
+
+
+class FlatLayout:
+    """The default layout: state.json (skeleton) and state.safetensors (tensors)."""
+
+    name = "flat/1"
+
+    def snapshot(self, parts: list[Part], rng: list[dict[str, Any]], copy: bool) -> Any:
+        values, tensors = {}, {}
+        for p in parts:
+            values[p.key], t = codec.encode(p.state(), p.where, copy=copy)
+            tensors.update(t)
+        rng_doc, rng_tensors = codec.encode(rng, "rng", copy=copy)  # keys "rng[r]...": distinct
+        doc = {"values": values, "kinds": {p.key: p.kind for p in parts}, "rng": rng_doc}
+        return doc, tensors | rng_tensors
+
+    def add_rng(self, snapshot: Any, rng: list[dict[str, Any]]) -> Any:
+        """The snapshot with these generator states instead of the ones it was taken with."""
+        doc, tensors = snapshot
+        rng_doc, rng_tensors = codec.encode(rng, "rng")
+        tensors = {k: t for k, t in tensors.items() if not k.startswith("rng[")}
+        return {**doc, "rng": rng_doc}, tensors | rng_tensors
+
+    def write(self, folder: Path, snapshot: Any) -> None:
+        codec.write_state(folder, "state", *snapshot)
+
+    def read(
+        self, folder: Path, parts: list[Part], state: dict[str, Any], step: int
+    ) -> list[dict[str, Any]]:
+        doc = codec.read_state(folder, "state")
+        check_keys(doc["kinds"], parts, step)
+        for kind in KIND_ORDER:  # modules before the optimizers that point into them
+            for p in parts:
+                if p.kind == kind:
+                    restore(p, doc["values"][p.key], state, step)
+        return doc["rng"]
