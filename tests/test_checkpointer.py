@@ -23,6 +23,7 @@ import trainguard
 from trainguard.checkpoint import codec
 from trainguard.checkpoint.checkpointer import Checkpointer
 from trainguard.checkpoint.dcp_safe import UnsafeCheckpointError, read_dcp_metadata
+from trainguard.checkpoint.local import QUARANTINE
 from trainguard.checkpoint.manifest import MANIFEST, build_manifest, manifest_bytes
 from trainguard.errors import BadInputError
 
@@ -326,6 +327,10 @@ def test_planted_dcp_metadata_is_refused_and_never_runs(tmp_path: Path) -> None:
     assert "posix.system" in finding.message and finding.step == 2
     assert not (tmp_path / "pwned").exists()
     assert torch.equal(state["model"].weight, model.weight)
+    # The refused step is evidence: the next save's retention quarantines it, never deletes.
+    loader.save(3, state)
+    loader.close()
+    assert ckpt.steps() == [1, 3] and (root / QUARANTINE / "step-2" / ".metadata").exists()
 
 
 def test_missing_shard_falls_back_naming_the_file_and_rank(tmp_path: Path) -> None:
