@@ -25,7 +25,7 @@ from trainguard.checkpoint.checkpointer import Checkpointer
 from trainguard.checkpoint.dcp_safe import UnsafeCheckpointError, read_dcp_metadata
 from trainguard.checkpoint.local import QUARANTINE
 from trainguard.checkpoint.manifest import MANIFEST, build_manifest, manifest_bytes
-from trainguard.errors import BadInputError
+from trainguard.errors import BadInputError, NoUsableCheckpoint
 
 
 @pytest.fixture(autouse=True)
@@ -349,3 +349,19 @@ def test_missing_shard_falls_back_naming_the_file_and_rank(tmp_path: Path) -> No
     (finding,) = [f for f in loader.last_findings if f.code == "C103"]
     assert "__0_0.distcp" in finding.message and finding.rank == 0
     assert torch.equal(state["model"].weight, first)
+
+
+def test_all_checkpoints_damaged_refuses_to_start_over(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    ckpt = Checkpointer(root)
+    for step in (1, 2):
+        ckpt.save(step, {"w": torch.full((100,), float(step))})
+    for step in (1, 2):
+        (root / f"step-{step}" / "state.safetensors").write_bytes(b"garbage")
+    state = {"w": torch.zeros(100)}
+    with pytest.raises(NoUsableCheckpoint) as e:
+        Checkpointer(root).load_latest(state)
+    assert "C107" in e.value.message and "new folder" in e.value.fix
+    assert {f.code for f in e.value.findings} >= {"C102", "C107"}
+    assert torch.equal(state["w"], torch.zeros(100))
+    assert sorted(p.name for p in root.iterdir()) == ["step-1", "step-2"]  # nothing moved

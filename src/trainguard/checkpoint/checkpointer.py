@@ -34,6 +34,7 @@ from trainguard.checkpoint.results import AsyncSave
 from trainguard.checkpoint.resume import (
     check_payload,
     name_rank,
+    refuse_if_none_usable,
     restore_generators,
     same_manifest,
 )
@@ -232,7 +233,9 @@ class Checkpointer:
         """Restore `state` in place from the newest valid checkpoint; collective.
 
         Returns its step (completed steps), or None when there is none (a fresh start). Rank 0
-        picks the step (falling back past damaged ones) and every rank loads that one."""
+        picks the step (falling back past damaged ones) and every rank loads that one. When
+        checkpoints exist but none can be used, every rank raises NoUsableCheckpoint (C107):
+        starting over silently would lose the run; start over in another folder on purpose."""
         parts = classify(state)
         self._drain()
         wait(self._housekeeping)  # retention must not delete a step while it is read
@@ -257,6 +260,7 @@ class Checkpointer:
         findings = [name_rank(f) for f in _findings(finding_dicts)]
         if choice is None:
             self._report(findings)
+            refuse_if_none_usable(findings, self.root)
             return None
         step, checksum, manifest = choice
         rng: list[dict] = []

@@ -16,7 +16,8 @@ from trainguard.checkpoint.dcp_safe import (
 from trainguard.checkpoint.manifest import MANIFEST
 from trainguard.checkpoint.results import LoadedCheckpoint
 from trainguard.checkpoint.rng import derived_seed, restore_rng, seed_all
-from trainguard.errors import BadInputError
+from trainguard.codes import get_code
+from trainguard.errors import BadInputError, NoUsableCheckpoint
 from trainguard.findings import Finding
 
 
@@ -66,6 +67,17 @@ def name_rank(f: Finding) -> Finding:
         f.rank = rank
         f.message += f" (rank {rank}'s shard)"
     return f
+
+
+def refuse_if_none_usable(findings: list[Finding], root: str) -> None:
+    """NoUsableCheckpoint when checkpoints exist but none verifies (C107), as `run` refuses."""
+    none = [f for f in findings if f.code == "C107"]
+    if none:
+        raise NoUsableCheckpoint(
+            f"C107: {none[0].message}; nothing in {root} was changed",
+            get_code("C107").fix + " Or point the Checkpointer at a new folder to start over.",
+            findings=findings,
+        )
 
 
 def restore_generators(rng: list[dict], step: int, rank: int, size: int) -> list[Finding]:
