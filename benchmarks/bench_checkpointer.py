@@ -88,6 +88,15 @@ def timed(fn: Any) -> float:
 # -- 1 and 2: sharded save/load vs DCP, async stall (2 ranks) -------------------------------
 
 
+def settle() -> None:
+    """Start every timed operation from the same disk state: flush what earlier rounds left
+    dirty (otherwise the next fsync pays for it) and line the ranks up."""
+    dist.barrier()
+    if dist.get_rank() == 0:
+        os.sync()
+    dist.barrier()
+
+
 def sharded_vs_dcp(rank: int, world: int, base: Path, mb: int, rounds: int) -> dict:
     import torch.distributed.checkpoint as dcp
 
@@ -97,10 +106,9 @@ def sharded_vs_dcp(rank: int, world: int, base: Path, mb: int, rounds: int) -> d
     model, opt = fsdp_model(mb)
     state = {"model": model, "optim": opt}
     dcp_state = {"model": ModelState(model), "optim": OptimizerState(model, opt)}
-    ckpt = Checkpointer(base / "ckpt", keep=2)
-    async_ckpt = Checkpointer(base / "async", keep=2, async_save=True)
-    out: dict[str, list[float]] = {k: [] for k in ("tg", "dcp", "tg_load", "dcp_load", "sync")}
-    out["stall"] = []
+    # keep > rounds: retention (a background delete after each save) never overlaps a timing.
+    ckpt = Checkpointer(base / "ckpt", keep=rounds + 1)
+    out: dict[str, list[float]] = {k: [] for k in ("tg", "dcp", "tg_load", "dcp_load")}
     for i in range(rounds):
         plain_dir = base / f"dcp-{i}"
 
@@ -112,32 +120,35 @@ def sharded_vs_dcp(rank: int, world: int, base: Path, mb: int, rounds: int) -> d
 
         jobs = [("tg", ours), ("dcp", theirs)]
         for name, job in jobs if i % 2 == 0 else jobs[::-1]:
+            settle()
             out[name].append(timed(job))
         loads = [
             ("tg_load", lambda: ckpt.load_latest(state)),
             ("dcp_load", lambda d=plain_dir: dcp.load(dcp_state, checkpoint_id=str(d))),
         ]
         for name, job in loads if i % 2 == 0 else loads[::-1]:
+            settle()
             out[name].append(timed(job))
-        # Async: the caller's stall, then the write completes in the background.
-        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(plain_dir)  # disk space; untimed
+    # Async vs sync: the time `save` blocks the caller (the write goes on in the background).
+    sync_ckpt = Checkpointer(base / "sync", keep=2)
+    async_ckpt = Checkpointer(base / "async", keep=2, async_save=True)
+    out["stall"], out["sync"] = [], []
+    for i in range(rounds):
+        settle()
         handle = async_ckpt.save(i, state)
         out["stall"].append(handle.stall_s)
         handle.wait()
-        out["sync"].append(timed(lambda i=i: async_ckpt_sync.save(i, state)))
-        if rank == 0:
-            shutil.rmtree(plain_dir, ignore_errors=True)
+        settle()
+        out["sync"].append(timed(lambda i=i: sync_ckpt.save(i, state)))
     async_ckpt.close()
     return out
-
-
-async_ckpt_sync: Any = None
 
 
 def sharded_entry(
     rank: int, world: int, init: str, base: str, mb: int, rounds: int, q: Any
 ) -> None:
-    global async_ckpt_sync
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -147,9 +158,6 @@ def sharded_entry(
         world_size=world,
         timeout=datetime.timedelta(seconds=600),
     )
-    from trainguard import Checkpointer
-
-    async_ckpt_sync = Checkpointer(Path(base) / "sync", keep=2)
     out = sharded_vs_dcp(rank, world, Path(base), mb, rounds)
     if rank == 0:
         q.put(out)
