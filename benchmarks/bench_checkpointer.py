@@ -12,7 +12,8 @@
    each held `--hold-ms`): without stagger and rate limit, then with them. The server counts
    the peak number of requests in flight and the 503s it sent (each one retry of ours).
 
-    .venv/bin/python benchmarks/bench_checkpointer.py --mb 128 --rounds 9 --storm-mb 16 --hold-ms 200
+    .venv/bin/python benchmarks/bench_checkpointer.py \\
+        --mb 128 --rounds 9 --storm-mb 16 --hold-ms 200
 
 The CPU model and flags are printed with the results (from /proc/cpuinfo).
 """
