@@ -59,6 +59,16 @@ class StorageError(TrainguardError):
     """A write failed (disk full, permission denied, store unreachable); nothing was damaged."""
 
 
+class OutputWriteError(StorageError):
+    """Writing an output file failed (disk full, read-only folder, a folder in the way).
+
+    Exit 1: the input was fine and nothing was damaged, but the command did not produce its
+    output. The message names the path; no partial output is left behind (util/atomic.py).
+    """
+
+    exit_status = EXIT_FINDINGS
+
+
 class ResumeMismatchError(BadInputError):
     """The run dir holds a run of a different recipe."""
 

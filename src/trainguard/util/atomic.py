@@ -1,16 +1,36 @@
-"""Crash-safe file writes: write to a temporary name, flush to disk, rename.
+"""Crash-safe file writes: write to a temporary name in the target folder, flush, rename.
 
-Temporary files and folders get unpredictable names from `tempfile.mkstemp`/`mkdtemp` in the
-target folder (created with O_CREAT|O_EXCL, and O_NOFOLLOW): a symlink planted under a
-guessable name is never followed, so nothing outside the target is ever written.
+Every output file trainguard writes goes through `atomic_paths` (or `atomic_write_bytes` /
+`atomic_write_text`, built on it): the data is written to an unpredictable temporary name in
+the target's folder (`tempfile.mkstemp`/`mkdtemp`: O_CREAT|O_EXCL, and O_NOFOLLOW, so a symlink
+planted under a guessable name is never followed and nothing outside the target is written),
+flushed to disk and renamed onto the target only when everything succeeded. A failed write
+(disk full, read-only folder, a folder where the file goes) leaves no partial output behind and
+raises `OutputWriteError` naming the path (exit 1).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+from trainguard.errors import OutputWriteError
+
+_FIXES = {
+    errno.ENOSPC: "free disk space, or write to another disk",
+    errno.EFBIG: "free disk space or raise the file size limit (ulimit -f)",
+    errno.EDQUOT: "free space within your disk quota, or write to another disk",
+    errno.EROFS: "the file system is read-only: write to another folder",
+    errno.EACCES: "write to a folder you can write to, or fix its permissions",
+    errno.EPERM: "write to a folder you can write to (it may be immutable or protected)",
+    errno.EISDIR: "a folder is in the way: give a file name, or move the folder aside",
+    errno.ENOTDIR: "a file is in the way of a folder on that path: give another path",
+    errno.EEXIST: "a file is in the way of a folder on that path: give another path",
+}
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -42,20 +62,98 @@ def make_temp_dir(parent: str | Path, prefix: str, suffix: str = "") -> Path:
     return path
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+def write_failure(path: str | Path, exc: OSError) -> OutputWriteError:
+    """The OutputWriteError for a failed write of `path`: the reason and what to do."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    fix = _FIXES.get(exc.errno or 0, "check the path, the disk space and the permissions")
+    return OutputWriteError(f"cannot write {path}: {reason}; nothing was written there", fix)
+
+
+def check_writable(path: str | Path) -> Path:
+    """Fail now, before any expensive work, if `path` clearly cannot be written.
+
+    Catches a folder where the file goes, a file where a folder goes, and a folder that refuses
+    new files (read-only, immutable). Creates nothing: the probe file is removed again. A disk
+    that fills up later is still caught by the write itself.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise write_failure(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise write_failure(path, NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)))
     try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~current_umask())  # what open(path, "wb") gives
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe-")
+    except OSError as e:
+        raise write_failure(path, e) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return path
+
+
+def _failed_target(exc: OSError, pairs: list[tuple[Path, Path]]) -> Path | str | None:
+    """The target an OSError is about; None when it names some other file (not a write)."""
+    named = {str(exc.filename), str(exc.filename2)} - {"None"}
+    if not named:
+        return pairs[0][1] if len(pairs) == 1 else ", ".join(str(t) for _, t in pairs)
+    for tmp, target in pairs:
+        if named & {str(tmp), str(target), str(target.parent)}:
+            return target
+    return None
+
+
+@contextlib.contextmanager
+def atomic_paths(*targets: str | Path) -> Iterator[list[Path]]:
+    """Temporary paths beside `targets`, renamed onto them only when the block succeeds.
+
+    The temporary names keep the target's suffix (matplotlib and pyarrow pick the format from
+    it). Anything the block raises removes every temporary file; an OSError about them becomes
+    an OutputWriteError naming the target.
+    """
+    paths = [Path(t) for t in targets]
+    pairs: list[tuple[Path, Path]] = []
+    current = paths[0] if paths else None
+    try:
+        for target in paths:
+            current = target
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(
+                dir=target.parent, prefix=f".{target.name}.tmp-", suffix=target.suffix
+            )
+            os.close(fd)
+            pairs.append((Path(name), target))
+        yield [tmp for tmp, _ in pairs]
+        for tmp, target in pairs:
+            mode = target.stat().st_mode & 0o7777 if target.is_file() else 0o666 & ~current_umask()
+            os.chmod(tmp, mode)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        for tmp, target in pairs:
+            os.replace(tmp, target)
+        for folder in {target.parent for _, target in pairs}:
+            fsync_dir(folder)
+    except OSError as e:
+        where = _failed_target(e, pairs) if len(pairs) == len(paths) else current
+        if where is None:
+            raise
+        raise write_failure(where, e) from e
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    fsync_dir(path.parent)
+        for tmp, _ in pairs:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_paths(path) as (tmp,):
+        # O_NOFOLLOW: the temporary name is ours; if it is swapped for a symlink, refuse.
+        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
