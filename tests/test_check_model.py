@@ -217,3 +217,38 @@ def test_cli_bad_target_exit_2() -> None:
     res = run_cli("check-model", f"{model_zoo.__file__}:no_such_factory", "--json")
     assert res.returncode == 2
     assert "no callable" in res.stderr and "fix:" in res.stderr
+
+
+class NanColumn(nn.Module):
+    """A zoo model whose logits for token 0 are NaN everywhere (say, a mask gone wrong)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = extract_logits(self.inner(x))
+        nan = torch.full_like(logits[..., :1], float("nan"))
+        return torch.cat([nan, logits[..., 1:]], dim=-1)
+
+
+@pytest.mark.parametrize("name", ["no_mask", "mask_off_by_one", "faint_pool"])
+def test_nan_logits_are_an_error_and_leaks_are_still_found(name: str) -> None:
+    """With a NaN among the logits the tolerance was NaN and every comparison False: a leaky
+    model passed. Now the NaN is its own error (M108) and the leaks are found on the finite
+    entries."""
+    _, required, _ = model_zoo.LEAKY[name]
+    model = NanColumn(model_zoo.make(name, VOCAB, seed=1))
+    report = run_model_checks(model, VOCAB, 10, batch_size=4, seed=1)
+    codes = error_codes(report.findings)
+    assert {"M108"} | required <= codes, [str(f) for f in report.findings]
+    (nan,) = [f for f in report.findings if f.code == "M108" and f.where == "eval mode"]
+    assert nan.data["nan"] == nan.data["non_finite"] == 4 * 10  # one column, every position
+    assert nan.data["positions"] == "0-9"
+
+
+def test_nan_logits_do_not_look_like_leaks_in_a_causal_model() -> None:
+    model = NanColumn(model_zoo.make("sdpa", VOCAB, seed=0))
+    report = run_model_checks(model, VOCAB, 9, batch_size=3, seed=0)
+    assert error_codes(report.findings) == {"M108"}, [str(f) for f in report.findings]
+    assert {f.code for f in report.findings} <= {"M108", "M107"}

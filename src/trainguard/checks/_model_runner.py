@@ -184,6 +184,23 @@ class ModelRunner:
         return logits, emb
 
 
+def logit_change(a: torch.Tensor, b: torch.Tensor, dim: int | tuple[int, ...] = -1) -> torch.Tensor:
+    """max |a - b| over `dim`, on the entries finite in both (0 where none is).
+
+    Non-finite logits are their own finding (M108). Left in, one NaN would make every
+    difference and every tolerance NaN, and every `>` comparison silently False.
+    """
+    a, b = a.detach().float(), b.detach().float()
+    both = torch.isfinite(a) & torch.isfinite(b)
+    return torch.where(both, (a - b).abs(), torch.zeros((), device=a.device)).amax(dim=dim)
+
+
+def finite_abs_max(x: torch.Tensor) -> float:
+    """The largest finite |x| (0.0 when there is none); a deliberate host sync."""
+    x = x.detach().float()
+    return float(torch.where(torch.isfinite(x), x.abs(), torch.zeros((), device=x.device)).max())
+
+
 def position_ranges(positions: list[int]) -> str:
     """[3, 4, 5, 9] -> '3-5, 9': compact lists of positions for messages."""
     if not positions:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from trainguard.checks._model_runner import ModelRunner
+from trainguard.checks._model_runner import ModelRunner, logit_change
 from trainguard.findings import Finding
 
 
@@ -30,7 +30,7 @@ def check_batch_independence(
             if row not in keep:
                 runner.resample_from(xv, row, 0)
         logits, _ = runner.forward(xv, stats)
-        delta = (logits.detach().float() - base.float()).abs().amax(dim=-1)  # (B, T)
+        delta = logit_change(logits, base)  # (B, T)
     changed = {row: (delta[row] > tol).nonzero().flatten().tolist() for row in keep}
     changed = {row: pos for row, pos in changed.items() if pos}
     if not changed:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from trainguard.checks._model_runner import ModelRunner, position_ranges
+from trainguard.checks._model_runner import ModelRunner, logit_change, position_ranges
 from trainguard.findings import Finding
 
 
@@ -54,7 +54,7 @@ def check_future_leak(
     with runner.timed("future_leak") as stats:
         for xv, row_cuts in _variant_batches(runner, x, cuts, batch_independent):
             logits, _ = runner.forward(xv, stats)
-            delta = (logits.detach().float() - base.float()).abs().amax(dim=-1)  # (B, T)
+            delta = logit_change(logits, base)  # (B, T), finite entries only
             for row, c in enumerate(row_cuts):
                 if c is None:
                     continue

@@ -39,6 +39,8 @@ def _feeding(
     positions before it) or one position (single=True: just that position)."""
     t_len = logits.shape[1]
     found: dict[int, set[int]] = {}
+    # Non-finite logits (M108) stay out of the loss: one NaN there makes every gradient NaN.
+    logits = torch.where(torch.isfinite(logits), logits, torch.zeros_like(logits))
     for k, group in enumerate(groups):
         mask = torch.zeros(logits.shape[:2], device=logits.device)  # (B, T)
         for row, c in enumerate(group):
@@ -53,7 +55,8 @@ def _feeding(
         stats.backwards += 1
         if g is None:  # the logits do not depend on the embedding at all
             continue
-        size = g.detach().float().abs().amax(dim=-1)  # (B, T)
+        g = g.detach().float()
+        size = torch.where(torch.isfinite(g), g.abs(), torch.zeros_like(g)).amax(dim=-1)  # (B, T)
         for row, c in enumerate(group):
             if c is None:
                 continue

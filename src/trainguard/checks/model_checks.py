@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from trainguard.checks._model_runner import (
@@ -22,6 +23,8 @@ from trainguard.checks._model_runner import (
     ModelRunner,
     ModelState,
     cut_points,
+    logit_change,
+    position_ranges,
     set_mode,
 )
 from trainguard.checks.batch_independence import check_batch_independence
@@ -78,6 +81,33 @@ def _validate(model: Any, vocab_size: int, seq_len: int, batch_size: int) -> Non
         )
 
 
+def check_finite_logits(logits: torch.Tensor, mode: str) -> list[Finding]:
+    """M108 when the reference forward's logits hold NaN or infinity."""
+    bad = ~torch.isfinite(logits.detach())
+    n_bad = int(bad.sum())  # deliberate host sync
+    if not n_bad:
+        return []
+    per_position = bad.any(dim=-1)  # (B, T)
+    positions = sorted({int(t) for t in per_position.nonzero()[:, 1].tolist()})
+    n_nan = int(torch.isnan(logits.detach()).sum())
+    return [
+        Finding.of(
+            "M108",
+            f"non-finite logits in {mode} mode: {n_bad} of {logits.numel()} logits are NaN or "
+            f"infinite ({n_nan} NaN) at {len(positions)} of {logits.shape[1]} positions "
+            f"({position_ranges(positions)}); the leak checks compared the finite entries only",
+            where=f"{mode} mode",
+            data={
+                "mode": mode,
+                "non_finite": n_bad,
+                "nan": n_nan,
+                "total": logits.numel(),
+                "positions": position_ranges(positions),
+            },
+        )
+    ]
+
+
 def _check_mode(runner: ModelRunner, mode: str, n_cuts: int, batch_cuts: bool) -> list[Finding]:
     findings: list[Finding] = []
     set_mode(runner.model, mode)
@@ -87,7 +117,9 @@ def _check_mode(runner: ModelRunner, mode: str, n_cuts: int, batch_cuts: bool) -
         base, _ = runner.forward(x, stats)
         again, _ = runner.forward(x, stats)
         base, again = base.detach(), again.detach()
-        noise = float((base.float() - again.float()).abs().max())  # deliberate host sync
+        # Finite entries only: with a NaN the tolerance would be NaN and every check would pass.
+        noise = float(logit_change(base, again).max())  # deliberate host sync
+    findings += check_finite_logits(base, mode)
     tol = 8.0 * noise
     if noise > 0:
         findings.append(
@@ -109,7 +141,7 @@ def _check_mode(runner: ModelRunner, mode: str, n_cuts: int, batch_cuts: bool) -
     if mode == "train":
         with runner.timed("train_serve") as stats:
             other, _ = runner.forward(x, stats, seed=runner.seed + 1)
-            stochastic = bool((other.detach().float() - base.float()).abs().max() > tol)
+            stochastic = bool(logit_change(other, base).max() > tol)
     if stochastic:
         findings.append(
             Finding.of(

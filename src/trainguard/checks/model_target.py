@@ -12,6 +12,7 @@ from torch import nn
 
 from trainguard.errors import BadInputError
 from trainguard.util.hashing import stable_u64
+from trainguard.util.inputs import require_file
 
 
 class ModelTargetError(BadInputError):
@@ -24,8 +25,7 @@ _FORMAT = "give TARGET as path/to/file.py:factory or package.module:factory"
 def _import_target_module(spec: str) -> Any:
     path = Path(spec)
     if spec.endswith(".py") or path.exists():
-        if not path.is_file():
-            raise ModelTargetError(f"model file {spec} does not exist", _FORMAT)
+        require_file(path, "model file", _FORMAT, ModelTargetError)
         name = f"_trainguard_target_{stable_u64(str(path.resolve())):x}"
         module_spec = importlib.util.spec_from_file_location(name, path)
         if module_spec is None or module_spec.loader is None:

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from trainguard.checks._model_runner import ModelRunner, position_ranges
+from trainguard.checks._model_runner import (
+    ModelRunner,
+    finite_abs_max,
+    logit_change,
+    position_ranges,
+)
 from trainguard.findings import Finding
 
 RTOL = 1e-4
@@ -32,13 +37,13 @@ def check_train_serve(
     atol: float = 0.0,
 ) -> list[Finding]:
     """M104 if a prefix forward's logits differ from the full forward's at the same positions."""
-    scale = float(base.detach().float().abs().max())  # deliberate host sync, once
+    scale = finite_abs_max(base)  # deliberate host sync, once
     tol = atol + rtol * max(scale, 1e-30)
     bad: dict[int, dict] = {}
     with runner.timed("train_serve") as stats:
         for length in prefix_lengths(x.shape[1]):
             logits, _ = runner.forward(x[:, :length].contiguous(), stats)
-            delta = (logits.detach().float() - base[:, :length].float()).abs().amax(dim=(0, 2))
+            delta = logit_change(logits, base[:, :length], dim=(0, 2))
             positions = (delta > tol).nonzero().flatten().tolist()
             if positions:
                 bad[length] = {"positions": positions, "max_change": float(delta.max())}

@@ -167,4 +167,34 @@ register(
         ),
         false_positives="Informational only.",
     ),
+    Code(
+        code="M108",
+        title="Non-finite logits: the model outputs NaN or infinity",
+        severity="error",
+        catches=(
+            "The reference forward (random token ids, dropout draws pinned) returns logits "
+            "that are NaN or infinite, in train or in eval mode. Reports how many, how many are "
+            "NaN, and at which positions."
+        ),
+        why=(
+            "A NaN logit gives a NaN loss and NaN gradients on the first step that sees it, so "
+            "the run diverges at once or, with skip guards, silently skips batches. It also "
+            "blinds the other checks: compared with NaN, every difference is NaN and every "
+            "`>` test is False, so a leaky model would pass. The leak checks therefore compare "
+            "the finite entries only and this finding fails the check on its own."
+        ),
+        fix=(
+            "Find the operation that produces it: division by a norm or a count that can be 0, "
+            "`log` or `sqrt` of 0 or a negative, `-inf` attention masks on a fully masked row "
+            "(softmax of all `-inf` is NaN), an uninitialised parameter (`torch.empty`), or an "
+            "overflow in fp16. `torch.autograd.set_detect_anomaly(True)` names the operation "
+            "in the backward pass; `torch.isfinite` after each block in the forward."
+        ),
+        false_positives=(
+            "None for training: a language model's logits are scored with a softmax, where "
+            "one NaN spoils the whole row. A model that masks some vocabulary entries with "
+            "`-inf` on purpose is flagged too; use a large negative finite value instead."
+        ),
+        references=("PyTorch docs: torch.autograd.detect_anomaly",),
+    ),
 )
