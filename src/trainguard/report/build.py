@@ -7,11 +7,12 @@ Everything comes from files in the run dir (metrics.jsonl, recipe.yaml, checkpoi
 from __future__ import annotations
 
 import base64
-import html
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import yaml
 
 from trainguard.checkpoint.folder import inspect_local_folder
@@ -21,18 +22,13 @@ from trainguard.checkpoint.target import run_checkpoint_root
 from trainguard.errors import BadInputError
 from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
 from trainguard.report import plots
-from trainguard.util.atomic import atomic_write_text
+from trainguard.train.rundir import read_run_recipe
+from trainguard.util.atomic import atomic_paths
 
 # Columns of "evals" rows that are bookkeeping, not metrics to plot.
 _EVALS_BOOKKEEPING = {"kind", "step", "eval_seconds"}
 
-_CSS = """
-body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222;padding:0 1em}
-table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em}
-td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top}
-th{background:#f4f4f4} .error{color:#b00020;font-weight:600} .warning{color:#a15c00}
-.info{color:#0b5394} img{max-width:100%} code,pre{background:#f6f6f6;padding:.1em .3em}
-"""
+_SEVERITIES = ("error", "warning", "info")
 
 
 def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
@@ -77,17 +73,18 @@ def collect(run_dir: Path) -> dict[str, Any]:
             f"{run_dir} has no {METRICS_FILE}: it is not a trainguard run dir",
             "pass the folder that `trainguard run` wrote (default runs/<recipe name>)",
         )
-    rows = read_metrics(run_dir)
-    recipe_path = run_dir / "recipe.yaml"
-    recipe = yaml.safe_load(recipe_path.read_text()) if recipe_path.exists() else {}
+    rows = [r for r in read_metrics(run_dir) if isinstance(r, dict)]
+    recipe = read_run_recipe(run_dir)
     events = [r for r in rows if r.get("kind") == "event"]
     env = next((e.get("env") for e in events if e.get("event") == "start"), {}) or {}
+    # Plotted rows need a numeric step; a row without one is not trainguard's and is skipped.
+    timed = [r for r in rows if isinstance(r.get("step"), int | float)]
     return {
         "run_dir": run_dir,
         "recipe": recipe,
-        "steps": [r for r in rows if r.get("kind") == "step"],
-        "evals": [r for r in rows if r.get("kind") == "eval"],
-        "use_case": [r for r in rows if r.get("kind") == "evals"],
+        "steps": [r for r in timed if r.get("kind") == "step"],
+        "evals": [r for r in timed if r.get("kind") == "eval"],
+        "use_case": [r for r in timed if r.get("kind") == "evals"],
         "band": _band(recipe),
         "findings": [r for r in rows if r.get("kind") == "finding"],
         "events": events,
@@ -106,14 +103,8 @@ def _band(recipe: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
-def _img(png: bytes, alt: str) -> str:
-    return f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def _summary(info: dict[str, Any]) -> dict[str, Any]:
@@ -124,8 +115,8 @@ def _summary(info: dict[str, Any]) -> dict[str, Any]:
         "recipe": info["recipe"].get("name", "?"),
         "steps": last.get("step", 0),
         "final train loss": last.get("loss"),
-        "final val loss": evals[-1]["val_loss"] if evals else None,
-        "final val bits/byte": evals[-1]["val_bpb"] if evals else None,
+        "final val loss": evals[-1].get("val_loss") if evals else None,
+        "final val bits/byte": evals[-1].get("val_bpb") if evals else None,
         "median tokens/s": tps[len(tps) // 2] if tps else None,
         "findings": len(info["findings"]),
         "checkpoints": len(info["checkpoints"]),
@@ -133,75 +124,82 @@ def _summary(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fmt(v: Any) -> str:
-    return f"{v:.4f}" if isinstance(v, float) else html.escape(str(v))
+    """Plain text of a value (floats to 4 places); escaping is the template's job."""
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
 
 
-def render_html(info: dict[str, Any]) -> str:
-    steps, evals = info["steps"], info["evals"]
-    parts = [f"<h1>trainguard run report: {html.escape(str(info['run_dir']))}</h1>"]
-    parts.append(_table(["", "value"], [[k, _fmt(v)] for k, v in _summary(info).items()]))
-    if steps:
-        parts.append("<h2>Training</h2>")
-        marks = info["findings"]  # drawn at their steps by plots.py
-        parts.append(_img(plots.loss_plot(steps, evals, marks), "loss"))
-        grad = plots.series_plot(steps, "grad_norm", "Gradient norm", "norm", marks)
-        parts.append(_img(grad, "grad"))
-        tps = plots.series_plot(steps, "tokens_per_s", "Throughput", "tokens/s", marks)
-        parts.append(_img(tps, "throughput"))
+@functools.cache
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("trainguard.report", "templates"),
+        autoescape=True,  # every value is escaped unless a template says otherwise (none does)
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["fmt"] = _fmt
+    return env
+
+
+def _use_case(info: dict[str, Any]) -> dict[str, Any] | None:
     use_case = info["use_case"]
     # Plot the scores; "/n" columns are example counts.
     keys = sorted(
         {k for e in use_case for k, v in e.items() if isinstance(v, float) and not k.endswith("/n")}
         - _EVALS_BOOKKEEPING
     )
-    if keys:
-        parts.append("<h2>Use-case evaluations</h2>")
-        parts.append(_img(plots.eval_metrics_plot(use_case, keys), "evals"))
-        last = use_case[-1]
-        parts.append(
-            _table(["metric", f"step {last['step']}"], [[k, _fmt(last.get(k))] for k in keys])
-        )
-    if info["band"]:
-        parts.append("<h2>Scaling-law prediction</h2>")
-        parts.append(_img(plots.prediction_plot(info["band"], evals), "prediction"))
-    parts.append("<h2>Findings</h2>")
-    if info["findings"]:
-        rows = [
-            [
-                html.escape(f["code"]),
-                f'<span class="{f["severity"]}">{f["severity"]}</span>',
-                _fmt(f.get("step")),
-                html.escape(f["message"]),
-                html.escape(f.get("fix") or ""),
-            ]
-            for f in info["findings"]
+    if not keys:
+        return None
+    last = use_case[-1]
+    return {
+        "plot": _data_uri(plots.eval_metrics_plot(use_case, keys)),
+        "step": last.get("step"),
+        "rows": [(k, last.get(k)) for k in keys],
+    }
+
+
+def render_html(info: dict[str, Any]) -> str:
+    steps, evals = info["steps"], info["evals"]
+    training_plots = []
+    if steps:
+        marks = info["findings"]  # drawn at their steps by plots.py
+        grad = plots.series_plot(steps, "grad_norm", "Gradient norm", "norm", marks)
+        tps = plots.series_plot(steps, "tokens_per_s", "Throughput", "tokens/s", marks)
+        training_plots = [
+            ("loss", _data_uri(plots.loss_plot(steps, evals, marks))),
+            ("grad", _data_uri(grad)),
+            ("throughput", _data_uri(tps)),
         ]
-        parts.append(_table(["code", "severity", "step", "message", "fix"], rows))
-    else:
-        parts.append("<p>No findings.</p>")
-    parts.append("<h2>Checkpoints</h2>")
-    parts.append(
-        _table(
-            ["step", "valid", "MB", "path", "problem"],
-            [
-                [
-                    _fmt(c["step"]),
-                    _fmt(c["valid"]),
-                    f"{c['bytes'] / 1e6:.1f}",
-                    _fmt(c["path"]),
-                    _fmt(c["problem"]),
-                ]
-                for c in info["checkpoints"]
-            ],
-        )
-    )
-    parts.append("<h2>Environment</h2>")
-    parts.append(_table(["", "value"], [[html.escape(k), _fmt(v)] for k, v in info["env"].items()]))
-    parts.append("<h2>Recipe</h2>")
-    parts.append(f"<pre>{html.escape(yaml.safe_dump(info['recipe'], sort_keys=False))}</pre>")
+    findings = [
+        {
+            "code": f.get("code"),
+            "severity": f.get("severity"),
+            "severity_class": f.get("severity") if f.get("severity") in _SEVERITIES else "other",
+            "step": f.get("step"),
+            "message": f.get("message"),
+            "fix": f.get("fix") or "",
+        }
+        for f in info["findings"]
+    ]
+    checkpoints = [
+        {**c, "megabytes": f"{c['bytes'] / 1e6:.1f}" if isinstance(c["bytes"], int) else "?"}
+        for c in info["checkpoints"]
+    ]
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>trainguard report</title>"
-        f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>"
+        _environment()
+        .get_template("report.html.j2")
+        .render(
+            run_dir=str(info["run_dir"]),
+            summary=list(_summary(info).items()),
+            training_plots=training_plots,
+            use_case=_use_case(info),
+            prediction_plot=_data_uri(plots.prediction_plot(info["band"], evals))
+            if info["band"]
+            else None,
+            findings=findings,
+            checkpoints=checkpoints,
+            env=list(info["env"].items()) if isinstance(info["env"], dict) else [],
+            recipe_yaml=yaml.safe_dump(info["recipe"], sort_keys=False),
+        )
     )
 
 
@@ -214,7 +212,7 @@ def render_markdown(info: dict[str, Any]) -> str:
         lines.append("No findings.")
     for f in info["findings"]:
         at = f" (step {f['step']})" if f.get("step") is not None else ""
-        lines.append(f"- **{f['code']}** {f['severity']}{at}: {f['message']}")
+        lines.append(f"- **{f.get('code')}** {f.get('severity')}{at}: {f.get('message')}")
     lines += ["", "## Checkpoints", ""]
     lines += [
         (f"- step {c['step']}: " if isinstance(c["step"], int) else f"- {c['step']}: ")
@@ -229,6 +227,8 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     run_dir = Path(run_dir)
     info = collect(run_dir)
     html_path, md_path = run_dir / "report.html", run_dir / "report.md"
-    atomic_write_text(html_path, render_html(info))
-    atomic_write_text(md_path, render_markdown(info))
+    html, markdown = render_html(info), render_markdown(info)
+    with atomic_paths(html_path, md_path) as (html_tmp, md_tmp):
+        html_tmp.write_text(html, encoding="utf-8")
+        md_tmp.write_text(markdown, encoding="utf-8")
     return html_path, md_path
