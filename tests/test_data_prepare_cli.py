@@ -131,6 +131,29 @@ def test_check_tokenizer_on_prepared_folder(prepared):
     assert {f["code"] for f in payload["findings"]} <= {"T103"}
 
 
+def test_check_tokenizer_never_advises_deleting_a_folder(prepared, tmp_path):
+    """A folder the user points at may be their own: trainguard did not create it, so it never
+    advises deleting it, and a damaged prepared folder is moved aside, not deleted."""
+    folder = Path(prepared[0]["dir"])
+    tok = f"{folder}/tokenizer.json"
+    own = tmp_path / "my-experiments"
+    own.mkdir()
+    (own / "notes.txt").write_text("mine\n")
+    res = runner.invoke(app, ["check-tokenizer", tok, "--prepared", str(own)])
+    assert res.exit_code == 2 and "not a prepared data folder" in res.output, res.output
+    assert "delete" not in res.output.lower() and (own / "notes.txt").exists()
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    shard = next(damaged.glob("train-*.bin"))
+    data = bytearray(shard.read_bytes())
+    data[7] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    res = runner.invoke(app, ["check-tokenizer", tok, "--prepared", str(damaged)])
+    output = " ".join(res.output.split())
+    assert res.exit_code == 2 and "checksum mismatch" in output, output
+    assert "move" in output and "aside" in output and "delete" not in output.lower()
+
+
 def test_jsonl_and_parquet_sources(tmp_path, corpus):
     texts = [p.read_text() for p in sorted(corpus.rglob("*.py"))]
     rows = [{"id": f"d{i}", "text": t, "lang": "py"} for i, t in enumerate(texts * 3)]

@@ -17,7 +17,7 @@ from trainguard.dedup.lsh import DedupParams, UnionFind, bucket_edges, s_curve
 from trainguard.dedup.minhash import MinHasher, estimate, shingle_hashes
 from trainguard.dedup.normalise import exact_key, normalise
 from trainguard.dedup.planted import Generator, jaccard, planted_corpus
-from trainguard.errors import BadInputError, DataError
+from trainguard.errors import BadInputError, DataError, OutputWriteError, exit_status_for
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -180,9 +180,10 @@ def test_bad_input_is_rejected_with_a_fix(tmp_path):
             dedup_file(src, tmp_path / "o.jsonl", params=DedupParams(threshold=t))
     with pytest.raises(BadInputError, match="names parquet"):
         dedup_file(src, tmp_path / "o.parquet")
-    (tmp_path / "folder.jsonl").mkdir()
-    with pytest.raises(BadInputError, match="is a folder"):
+    (tmp_path / "folder.jsonl").mkdir()  # a folder where the file goes: a write failure (exit 1)
+    with pytest.raises(OutputWriteError, match="folder.jsonl: Is a directory") as e:
         dedup_file(src, tmp_path / "folder.jsonl")
+    assert exit_status_for(e.value) == 1 and "folder is in the way" in e.value.fix
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n\n{"body": "no text"}\n')
     with pytest.raises(DataError, match=r"bad.jsonl:3: no string field 'text'") as e:

@@ -180,3 +180,23 @@ def test_cli_eval_lint(tmp_path, tok):
     res = runner.invoke(app, ["eval", "lint", str(tmp_path / "nope.yaml")])
     assert res.exit_code == 2
     shutil.rmtree(tmp_path / "unused", ignore_errors=True)
+
+
+def test_invalid_regex_answer_is_a_lint_error_and_refused_by_eval(tmp_path, tok):
+    rows = [
+        {"prompt": "the answer is", "answer": "par(is"},
+        {"prompt": "the answer is", "answer": "r[o"},
+        {"prompt": "the answer is", "answer": "paris|rome"},  # valid
+    ]
+    path = _spec(tmp_path, rows, "generation")
+    spec = yaml.safe_load(path.read_text())
+    spec["tasks"][0]["match"] = "regex"
+    path.write_text(yaml.safe_dump(spec))
+    findings = lint_spec(path, tok)
+    assert _codes(findings) == ["E118"], findings
+    assert findings[0].severity == "error" and findings[0].data["examples"] == 2
+    assert "'par(is' is not a valid regular expression" in findings[0].message
+    # `eval` refuses the spec before it loads a model (exit 2, no traceback)
+    res = CliRunner().invoke(app, ["eval", str(tmp_path), "--spec", str(path)])
+    assert res.exit_code == 2 and "example 0" in res.output, res.output
+    assert "not a valid regular expression" in " ".join(res.output.split())

@@ -53,6 +53,7 @@ from trainguard.checkpoint.retry import (
 from trainguard.errors import BadInputError
 from trainguard.findings import Finding
 from trainguard.util.hashing import CHUNK
+from trainguard.util.paths import credentials_error
 
 # Objects up to this size are read in one GET (manifests, loader state, small shards).
 SMALL_OBJECT = 8 << 20
@@ -103,7 +104,13 @@ class RemoteBackend:
         return f"{self.url}/{step_dirname(step)}"
 
     def _retry(self, fn: Callable[[], Any], what: str) -> Any:
-        return retry_call(fn, self.policy, what, self.stats, self.sleep)
+        try:
+            return retry_call(fn, self.policy, what, self.stats, self.sleep)
+        except Exception as e:
+            err = credentials_error(e, self.url)  # bad input (exit 2), not a storage fault
+            if err is None:
+                raise
+            raise err from None
 
     def _listing(self) -> dict[int, dict[str, int]]:
         """{step: {relative name: size}} for every object under the root, in one listing."""

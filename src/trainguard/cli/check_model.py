@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from trainguard.cli.common import console, emit, handle_errors
+from trainguard.config.schema import SEED_MAX
 
 
 def register(app: typer.Typer) -> None:
@@ -48,7 +49,9 @@ def register(app: typer.Typer) -> None:
         shadow_steps: Annotated[
             int, typer.Option(min=0, help="With --dtype: shadow-run steps against float64.")
         ] = 0,
-        seed: Annotated[int, typer.Option(help="Seed for tokens and dropout draws.")] = 0,
+        seed: Annotated[
+            int, typer.Option(min=0, max=SEED_MAX, help="Seed for tokens and dropout draws.")
+        ] = 0,
         threads: Annotated[
             int | None, typer.Option(min=1, help="torch intra-op threads (default: torch's).")
         ] = None,

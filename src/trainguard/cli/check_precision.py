@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from trainguard.cli.common import console, emit, handle_errors
+from trainguard.config.schema import SEED_MAX
 
 
 def register(app: typer.Typer) -> None:
@@ -15,7 +16,9 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def check_precision_cmd(
         dtype: Annotated[str, typer.Option(help="Gradient dtype: fp32, bf16 or fp16.")] = "bf16",
-        world_size: Annotated[int, typer.Option(min=1, help="Ranks R in the reduction.")] = 8,
+        world_size: Annotated[
+            int, typer.Option(min=1, max=2**24, help="Ranks R in the reduction.")
+        ] = 8,
         algorithm: Annotated[
             str, typer.Option(help="Reduction: ring, tree or fp32-accumulate (the remedy).")
         ] = "ring",
@@ -35,7 +38,9 @@ def register(app: typer.Typer) -> None:
                 "(small built-in model); 0 skips it.",
             ),
         ] = 32,
-        seed: Annotated[int, typer.Option(help="Seed of the simulated gradients.")] = 0,
+        seed: Annotated[
+            int, typer.Option(min=0, max=SEED_MAX, help="Seed of the simulated gradients.")
+        ] = 0,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Bias (slope against float64) and noise of a low-precision gradient reduction; with

@@ -10,6 +10,7 @@ import typer
 
 from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit, handle_errors
+from trainguard.config.schema import SEED_MAX
 
 
 class Engine(StrEnum):
@@ -43,7 +44,9 @@ def register(app: typer.Typer) -> None:
         bands: Annotated[int, typer.Option(help="LSH bands (FineWeb: 14).")] = 14,
         rows: Annotated[int, typer.Option(help="Hash values per band (FineWeb: 8).")] = 8,
         ngram: Annotated[int, typer.Option(help="Words per shingle.")] = 5,
-        seed: Annotated[int, typer.Option(help="Seed of the MinHash functions.")] = 1,
+        seed: Annotated[
+            int, typer.Option(min=0, max=SEED_MAX, help="Seed of the MinHash functions.")
+        ] = 1,
         text_field: Annotated[str, typer.Option(help="Field holding the text.")] = "text",
         id_field: Annotated[
             str, typer.Option(help="Field copied into the clusters file, if present.")

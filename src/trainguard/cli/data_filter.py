@@ -24,6 +24,12 @@ def filter_config(min_words: int | None, max_words: int | None) -> FilterConfig:
         cfg.min_words = min_words
     if max_words is not None:
         cfg.max_words = max_words
+    if cfg.min_words < 0 or cfg.max_words < cfg.min_words:
+        raise BadInputError(
+            f"word bounds --min-words {cfg.min_words} --max-words {cfg.max_words} are not a "
+            "range (the lower bound must be at least 0 and at most the upper one)",
+            "give 0 <= --min-words <= --max-words, e.g. --min-words 50 --max-words 100000",
+        )
     return cfg
 
 

@@ -10,7 +10,9 @@ import typer
 from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit, handle_errors
 from trainguard.cli.data_filter import check_disabled, filter_config
-from trainguard.util.atomic import atomic_write_text
+from trainguard.config.schema import SEED_MAX
+from trainguard.util.atomic import atomic_write_text, check_writable
+from trainguard.util.paths import refuse_overwrite
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +23,9 @@ def register(app: typer.Typer) -> None:
     def data_inspect(
         source: Annotated[str, typer.Argument(help=".jsonl, .parquet, a folder, or 'stdlib'.")],
         n: Annotated[int, typer.Option("--n", min=0, help="Documents to sample.")] = 20,
-        seed: Annotated[int, typer.Option(help="Seed of the random draw.")] = 0,
+        seed: Annotated[
+            int, typer.Option(min=0, max=SEED_MAX, help="Seed of the random draw.")
+        ] = 0,
         html: Annotated[
             Path | None, typer.Option("--html", help="Also write a self-contained HTML page.")
         ] = None,
@@ -39,6 +43,9 @@ def register(app: typer.Typer) -> None:
         from trainguard.filters.render import counts_table, render_html, rich_sample, visible
         from trainguard.filters.run import inspect_source
 
+        if html is not None:
+            refuse_overwrite({"--html": html}, {"SOURCE": source})
+            check_writable(html)  # before reading the whole source
         insp = inspect_source(
             source,
             n=n,
@@ -49,7 +56,6 @@ def register(app: typer.Typer) -> None:
             only_flagged=only_flagged,
         )
         if html is not None:
-            html.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(html, render_html(insp, source))
         if not as_json:
             for s in insp.samples:

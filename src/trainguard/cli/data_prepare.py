@@ -10,6 +10,7 @@ import typer
 from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit, handle_errors
 from trainguard.config.schema import DataConfig, TokenizerConfig
+from trainguard.util.paths import refuse_overwrite
 
 
 def register(app: typer.Typer) -> None:
@@ -49,6 +50,7 @@ def register(app: typer.Typer) -> None:
         from trainguard.config.load import validate_recipe
         from trainguard.data.prepare import prepare_data
 
+        refuse_overwrite({"--out": out}, {"SOURCE": source})
         # Validate through the recipe schema so bad values get the usual key-naming messages.
         recipe = validate_recipe(
             {

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from trainguard.cli.common import console, emit, handle_errors
+from trainguard.util.atomic import atomic_write_text, check_writable
+from trainguard.util.paths import refuse_overwrite
 
 
 def register(app: typer.Typer) -> None:
@@ -57,6 +59,10 @@ def register(app: typer.Typer) -> None:
         from trainguard.drills.matrix import matrix_markdown, matrix_table, verdict
         from trainguard.drills.runner import DrillContext, DrillPlan, cleanup, run_drills
 
+        recipe_file = recipe if Path(recipe).is_file() else None
+        refuse_overwrite({"--markdown": markdown, "--workdir": workdir}, {"--recipe": recipe_file})
+        if markdown is not None:
+            check_writable(markdown)  # now, not after an hour of drills
         folder = workdir or Path(tempfile.mkdtemp(prefix="tg-drill-"))
         ctx = DrillContext(
             recipe=recipe, overrides=list(overrides or []), plan=DrillPlan(steps), workdir=folder
@@ -70,7 +76,7 @@ def register(app: typer.Typer) -> None:
                 cleanup(ctx)
         findings = verdict(rows)
         if markdown is not None:
-            markdown.write_text(matrix_markdown(rows), encoding="utf-8")
+            atomic_write_text(markdown, matrix_markdown(rows))
         if not as_json:
             console.print(matrix_table(rows))
         extra = {

@@ -33,6 +33,34 @@ eval_app = typer.Typer(
 )
 
 
+def _check_device(device: str) -> None:
+    """BadInputError unless `device` names a torch device this machine has."""
+    import torch
+
+    from trainguard.errors import BadInputError
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise BadInputError(
+            f"--device {device!r} is not a torch device ({e})",
+            "use cpu, cuda, cuda:N or mps",
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BadInputError(f"--device {device}: no CUDA device is available", "use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise BadInputError(
+            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)",
+            "use an index below that, or --device cpu",
+        )
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise BadInputError(f"--device {device}: MPS is not available", "use --device cpu")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise BadInputError(
+            f"--device {device}: evaluation runs on cpu, cuda or mps", "use one of those"
+        )
+
+
 @eval_app.command("run")
 @handle_errors
 def eval_run(
@@ -48,13 +76,19 @@ def eval_run(
     from trainguard.evals.config import EvalsConfig
     from trainguard.evals.load import open_for_eval
     from trainguard.evals.runner import run_evals
+    from trainguard.evals.spec import check_answers, load_spec
 
+    _check_device(device)
+    # Specs named here are checked before the model loads: bad input fails at once.
+    given = [load_spec(s) for s in spec or []]
+    for s in given:
+        check_answers(s)
     opened = open_for_eval(target, device=device)
     if opened.model is None:  # every candidate failed verification: the findings say why
         emit(opened.findings, as_json, extra={"checkpoint": None}, title="Evals")
     recipe = opened.recipe
     evals_cfg = getattr(recipe, "evals", None) or EvalsConfig()
-    specs = list(spec) if spec else list(evals_cfg.specs)
+    specs = given or list(evals_cfg.specs)
     limit = max_examples if max_examples is not None else evals_cfg.max_examples
     res = run_evals(
         opened.model,
@@ -89,16 +123,13 @@ def eval_lint(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Lint an eval spec: trailing-space trap, token boundaries, BOS, choices, gold index."""
-    from trainguard.errors import BadInputError
     from trainguard.evals.lint import lint_spec
 
     tok = None
     if tokenizer is not None:
-        if not tokenizer.is_file():
-            raise BadInputError(f"tokenizer {tokenizer} does not exist", "give a tokenizer.json")
-        from trainguard.data.tokenizer import load_tokenizer
+        from trainguard.checks.tokenizer_audit import load_tokenizer_file
 
-        tok = load_tokenizer(tokenizer)
+        tok = load_tokenizer_file(tokenizer)
     findings = lint_spec(spec, tok)
     emit(findings, as_json, extra={"spec": spec}, title="Eval lint")
 

@@ -21,6 +21,7 @@ from typer.core import TyperCommand
 from trainguard.cli.common import console, err_console, findings_table, handle_errors
 from trainguard.errors import EXIT_OK, ConfigError, Interrupted
 from trainguard.train.outcome import RunResult, describe_error
+from trainguard.util.paths import refuse_overwrite
 
 if TYPE_CHECKING:
     from trainguard.config.schema import Recipe
@@ -205,6 +206,17 @@ def register(app: typer.Typer) -> None:
                 overrides = [*(overrides or []), "preflight.doctor=true"]
             resolved = load_recipe(recipe, overrides)  # bad recipes fail here, before any launch
             folder = run_dir or Path("runs") / resolved.name
+            # The run writes metrics, checkpoints and reports into its run dir: never into the
+            # corpus (which would also change the data under a resumed run). Resuming with the
+            # run's own RUN_DIR/recipe.yaml as RECIPE is fine: the run writes it back unchanged.
+            refuse_overwrite(
+                {"--run-dir": folder},
+                {
+                    "RECIPE": recipe if Path(recipe).is_file() else None,
+                    "data.source": resolved.data.source,
+                    "prediction.band": resolved.prediction.band,
+                },
+            )
             if nproc is not None:
                 if resolved.train.batch_size % nproc:
                     raise ConfigError(

@@ -8,7 +8,10 @@ import typer
 
 from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit, handle_errors
+from trainguard.config.schema import SEED_MAX
 from trainguard.errors import BadInputError
+from trainguard.util.atomic import check_writable
+from trainguard.util.paths import refuse_overwrite
 
 
 def _parse_point(text: str) -> tuple[float, float]:
@@ -60,7 +63,7 @@ def register(app: typer.Typer) -> None:
         boot: int = typer.Option(200, "--boot", min=0, help="Bootstrap refits."),
         level: float = typer.Option(0.95, "--level", min=0.5, max=0.999, help="Band coverage."),
         plot: Path = typer.Option(None, "--plot", help="Write a PNG of data, fit and band."),
-        seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
+        seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="Bootstrap seed."),
         band: Path = typer.Option(
             None,
             "--band",
@@ -74,7 +77,16 @@ def register(app: typer.Typer) -> None:
         from trainguard.scaling.grid import read_runs_csv
 
         points = [_parse_point(p) for p in predict or []]
+        if band is not None and len(points) != 1:
+            raise BadInputError(
+                "--band needs exactly one --predict N,D (the big run's size and budget)",
+                "give one --predict with --band",
+            )
+        refuse_overwrite({"--band": band, "--plot": plot}, {"RUNS": runs})
         n, d, loss = read_runs_csv(runs)
+        for out in (band, plot):
+            if out is not None:
+                check_writable(out)  # before the bootstrap, which takes the time
         result = fit_scaling_law(n, d, loss, n_boot=boot, seed=seed)
         preds = result.predictions(points, level)
         extra = {"fit": result.law.to_dict(), "predictions": preds}
@@ -83,11 +95,6 @@ def register(app: typer.Typer) -> None:
 
             extra["plot"] = str(plot_fit(result, n, d, loss, plot, preds))
         if band is not None:
-            if len(points) != 1:
-                raise BadInputError(
-                    "--band needs exactly one --predict N,D (the big run's size and budget)",
-                    "give one --predict with --band",
-                )
             from trainguard.scaling.offtrack import PredictionBand
 
             pb = PredictionBand.from_fit(result, points[0][0], points[0][1], level=level)

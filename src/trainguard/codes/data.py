@@ -43,7 +43,8 @@ register(
         why="The manifest is what every checksum is compared to; an edited manifest could bless "
         "damaged shards, a truncated one says nothing about them.",
         fix="Move the prepared folder named in the message aside (mv DIR DIR.bad) and run "
-        "again; the data is re-prepared from the source.",
+        "again; the data is re-prepared from the source. A folder `trainguard data prepare` did "
+        "not write is not prepared data: give the folder it printed as `dir`.",
     ),
     Code(
         code="D104",

@@ -95,6 +95,19 @@ register(
         fix="Set `gold` to the 0-based index of the right choice.",
     ),
     Code(
+        code="E118",
+        title="invalid regular expression answer",
+        severity="error",
+        catches="A generation example with `match: regex` whose answer is not a valid Python "
+        "regular expression (an unbalanced parenthesis or bracket, a dangling `*` or `?`).",
+        why="The answer can never be matched: scoring stops with an error, or the task would "
+        "report 0 accuracy for a model that answers correctly. `trainguard eval` refuses such "
+        "a spec (exit 2) before scoring anything.",
+        fix="Fix the pattern (escape literal characters with a backslash or `re.escape`), or "
+        "use `match: exact` or `match: contains` for literal answers.",
+        references=("Python docs: re, Regular expression syntax",),
+    ),
+    Code(
         code="E121",
         title="eval metric dropped significantly",
         severity="warning",

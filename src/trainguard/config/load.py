@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from trainguard.config.schema import Recipe
 from trainguard.errors import ConfigError
+from trainguard.util.inputs import read_text
 
 # Keys that may differ between the recipe a run was started with and the one it resumes with.
 # Keys a run dir may be resumed with changed: the step budget, where the metrics are also
@@ -40,12 +41,8 @@ def shipped_recipes() -> list[str]:
 def _read_recipe_file(name_or_path: str) -> tuple[dict[str, Any], str]:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
-            raise ConfigError(
-                f"recipe file {path} does not exist",
-                f"give a path to a YAML recipe or one of the shipped names: {shipped_recipes()}",
-            )
-        text, origin = path.read_text(encoding="utf-8"), str(path)
+        fix = f"give a path to a YAML recipe or one of the shipped names: {shipped_recipes()}"
+        text, origin = read_text(path, "recipe file", fix, ConfigError), str(path)
     else:
         resource = resources.files("trainguard") / "recipes" / f"{name_or_path}.yaml"
         if not resource.is_file():

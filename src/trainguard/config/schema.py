@@ -15,9 +15,18 @@ from trainguard.evals.config import EvalsConfig
 from trainguard.guard import GuardsConfig
 from trainguard.metrics.config import MetricsConfig
 
+SEED_MAX = 2**63 - 1
+"""Seeds are 0..2**63-1: what torch, numpy and Python's random all accept."""
+
+LR_MAX = 10.0
+"""A learning rate above this is a typo (3e1 for 3e-1), not a setting."""
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=False)
+    # No NaN or infinity in any number of a recipe: they only ever come from a typo or a bug.
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, frozen=False, allow_inf_nan=False
+    )
 
 
 class DataConfig(_Section):
@@ -61,6 +70,15 @@ class MoEConfig(_Section):
     aux_loss_weight: float = Field(0.01, ge=0.0)
     """Weight of the load-balancing loss (Switch Transformer) added to the training loss."""
 
+    @model_validator(mode="after")
+    def _top_k_within_experts(self) -> MoEConfig:
+        if self.top_k > self.n_experts:
+            raise ValueError(
+                f"model.moe.top_k={self.top_k} exceeds model.moe.n_experts={self.n_experts}: "
+                "a token cannot be routed to more experts than there are"
+            )
+        return self
+
 
 class ModelConfig(_Section):
     n_layers: int = Field(4, ge=1)
@@ -93,9 +111,9 @@ class TrainConfig(_Section):
     optimizer: Literal["adamw", "muon"] = "adamw"
     """adamw: AdamW on every parameter. muon: Muon (train/optim.py) on the hidden 2-D weight
     matrices and AdamW on embeddings, the tied head, norm gains and biases."""
-    lr: float = Field(3e-3, gt=0.0)
+    lr: float = Field(3e-3, gt=0.0, le=LR_MAX, allow_inf_nan=False)
     """Peak learning rate of AdamW (with optimizer muon: of the parameters AdamW keeps)."""
-    muon_lr: float = Field(0.02, gt=0.0)
+    muon_lr: float = Field(0.02, gt=0.0, le=LR_MAX, allow_inf_nan=False)
     """Peak learning rate of Muon's matrices (optimizer muon only); same schedule as lr."""
     muon_momentum: float = Field(0.95, ge=0.0, lt=1.0)
     """Muon's Nesterov momentum (optimizer muon only)."""
@@ -112,7 +130,7 @@ class TrainConfig(_Section):
     """AdamW beta2."""
     grad_clip: float = Field(1.0, ge=0.0)
     """Clip the global gradient norm to this value; 0 disables clipping."""
-    seed: int = 1337
+    seed: int = Field(1337, ge=0, le=SEED_MAX)
     """Seeds model initialisation, dropout and the data order."""
     precision: Literal["fp32", "bf16"] = "fp32"
     """Compute precision: fp32, or bf16 autocast with fp32 weights and optimizer state."""
@@ -122,7 +140,7 @@ class TrainConfig(_Section):
     """Micro-batches of validation data per evaluation."""
     log_interval: int = Field(10, ge=1)
     """Plain progress lines every this many steps when not on a terminal."""
-    threads: int | None = None
+    threads: int | None = Field(None, ge=1)
     """torch intra-op threads; default: torch's choice. Fix it for bitwise reproducibility
     across machines with different core counts."""
 

@@ -19,6 +19,8 @@ from typing import Literal
 
 from trainguard.errors import DataError
 from trainguard.util.hashing import stable_json_hash, stable_u64
+from trainguard.util.inputs import open_parquet
+from trainguard.util.paths import is_url
 
 Split = Literal["train", "val"]
 
@@ -92,6 +94,12 @@ def _folder_files(root: Path) -> list[tuple[str, Path]]:
 def _kind(source: str) -> Literal["stdlib", "folder", "jsonl", "parquet"]:
     if source == "stdlib":
         return "stdlib"
+    if is_url(source):
+        raise DataError(
+            f"data source {source!r} is a URL; data preparation reads local files",
+            "copy the data to a local folder first (e.g. `aws s3 cp --recursive`) and set "
+            "data.source to it",
+        )
     path = Path(source).expanduser()
     if not path.exists():
         raise DataError(
@@ -152,13 +160,27 @@ def _jsonl_docs(path: Path, text_field: str, stats: CorpusStats) -> Iterator[Doc
                 )
             doc_id = str(obj["id"]) if obj.get("id") is not None else f"{path.name}:{lineno}"
             label = obj.get("source") if isinstance(obj.get("source"), str) else path.name
+            for name, value in ((text_field, obj[text_field]), ("id", doc_id), ("source", label)):
+                if not _encodable(value):
+                    raise DataError(
+                        f"{path}:{lineno}: field {name!r} holds a lone surrogate (a JSON escape "
+                        "such as \\ud800 that is not valid Unicode text)",
+                        "fix or drop that line; `trainguard data filter` rejects such "
+                        "documents (D230)",
+                    )
             yield Document(doc_id, obj[text_field], label)
 
 
-def _parquet_docs(path: Path, text_field: str, stats: CorpusStats) -> Iterator[Document]:
-    import pyarrow.parquet as pq
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
-    pf = pq.ParquetFile(path)
+
+def _parquet_docs(path: Path, text_field: str, stats: CorpusStats) -> Iterator[Document]:
+    pf = open_parquet(path, "data source", DataError)
     names = pf.schema_arrow.names
     if text_field not in names:
         raise DataError(

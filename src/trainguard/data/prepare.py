@@ -26,10 +26,11 @@ from trainguard.data import corpus, shards
 from trainguard.data.corpus import CorpusStats, Document, iter_documents, split_of
 from trainguard.data.shards import FORMAT_VERSION, ShardWriter, TokenDataset
 from trainguard.data.tokenizer import eot_id, load_tokenizer, save_tokenizer, train_tokenizer
-from trainguard.errors import DataError, StorageError
+from trainguard.errors import DataError, OutputWriteError
 from trainguard.findings import Finding
-from trainguard.util.atomic import fsync_dir
+from trainguard.util.atomic import check_writable, fsync_dir
 from trainguard.util.hashing import file_checksum, stable_json_hash
+from trainguard.util.paths import refuse_overwrite
 
 TOKENIZER_FILE = "tokenizer.json"
 _ENCODE_BATCH_BYTES = 4 << 20  # documents per encode_batch call, by size: parallel, bounded
@@ -71,6 +72,17 @@ class PreparedData:
     def from_dir(cls, path: str | Path, reused: bool = True) -> PreparedData:
         """Open and verify a prepared folder; raises CorruptError naming any damaged file."""
         path = Path(path)
+        what = "prepared data folder"
+        fix = "give the folder `trainguard data prepare SOURCE --out DIR` printed as `dir`"
+        if not path.exists():
+            raise DataError(f"{what} {path} does not exist", fix)
+        if not path.is_dir():
+            raise DataError(f"{what} {path} is a file, not a folder", fix)
+        if not (path / shards.MANIFEST).exists():
+            # Not damaged data: a folder trainguard never prepared (nothing to move or rebuild).
+            raise DataError(
+                f"{path} is not a prepared data folder: it has no {shards.MANIFEST}", fix
+            )
         problems = shards.verify_dir(path)
         shards.raise_if_corrupt(problems, path)
         manifest, _ = shards.read_manifest(path)
@@ -140,6 +152,23 @@ class _Progress:
         if self.enabled:
             took = time.perf_counter() - self.t0
             print(f"trainguard data: {text} ({took:.1f} s)", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _undo_on_failure(created: list[Path]) -> Iterator[None]:
+    """Remove the lock file and cache folder this call created when preparing fails (bad
+    input, a full disk): a failed command leaves nothing behind. A folder is removed only
+    while empty."""
+    try:
+        yield
+    except BaseException:
+        for path in reversed(created):
+            with contextlib.suppress(OSError):
+                if path.is_dir():
+                    path.rmdir()
+                else:
+                    path.unlink()
+        raise
 
 
 @contextlib.contextmanager
@@ -248,18 +277,23 @@ def prepare_data(
 ) -> PreparedData:
     """The prepared, verified data of a recipe, built on first use and cached after."""
     cache = Path(data_cfg.cache_dir).expanduser() if data_cfg.cache_dir else default_cache_dir()
+    refuse_overwrite({"data.cache_dir": cache}, {"data.source": data_cfg.source})
     key = cache_key(data_cfg, tok_cfg)
     final = cache / key
     reused = True
     if not final.exists():
+        created = [] if cache.exists() else [cache]
         try:
             cache.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise StorageError(
+            raise OutputWriteError(
                 f"cannot create the data cache folder {cache}: {e.strerror or e}",
                 "set data.cache_dir (or $TRAINGUARD_CACHE) to a writable folder",
             ) from e
-        with _lock(cache / f".{key}.lock"):
+        check_writable(final)  # a read-only cache fails here, before the lock and the work
+        lock = cache / f".{key}.lock"
+        created += [] if lock.exists() else [lock]
+        with _undo_on_failure(created), _lock(lock):
             if not final.exists():  # another process may have built it while we waited
                 reused = False
                 for stale in cache.glob(f".tmp-{key}-*"):  # left by a killed prepare
@@ -275,8 +309,8 @@ def prepare_data(
                     fsync_dir(cache)
                     outcome = f"prepared {final}"
                 except OSError as e:  # reads are DataError (corpus.py): this is a write
-                    raise StorageError(
-                        f"writing prepared data under {cache} failed: {e}",
+                    raise OutputWriteError(
+                        f"cannot write prepared data under {cache}: {e.strerror or e}",
                         "free disk space or set data.cache_dir to a writable folder; "
                         "nothing was left half-written",
                     ) from e

@@ -164,6 +164,7 @@ def verify_dir(folder: str | Path) -> list[Finding]:
 def raise_if_corrupt(findings: list[Finding], folder: Path) -> None:
     if findings:
         more = f" (and {len(findings) - 1} more problems)" if len(findings) > 1 else ""
+        # Never advise deleting: the folder may not be ours, and a damaged one is evidence.
         raise CorruptError(
             findings[0].message + more,
             f"move {folder} aside (mv {folder} {folder}.bad) and run again: the data is "

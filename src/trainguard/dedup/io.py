@@ -8,9 +8,7 @@ document's position means the same thing to every engine. Spark writes folders o
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,9 @@ from typing import Any
 import numpy as np
 
 from trainguard.errors import BadInputError, DataError
+from trainguard.util.atomic import check_writable
+from trainguard.util.inputs import open_parquet
+from trainguard.util.paths import credentials_error, is_url, refuse_overwrite
 
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
 
@@ -47,7 +48,9 @@ def _part_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(("_", ".")))
 
 
-def parse_jsonl_line(line: bytes | str, where: str, text_field: str) -> dict[str, Any]:
+def parse_jsonl_line(
+    line: bytes | str, where: str, text_field: str, id_field: str = "id"
+) -> dict[str, Any]:
     """One JSONL record; errors name `where` (file and line) and the field."""
     try:
         rec = json.loads(line)
@@ -60,6 +63,18 @@ def parse_jsonl_line(line: bytes | str, where: str, text_field: str) -> dict[str
             f"{where}: no string field {text_field!r}",
             f"give every record a {text_field!r} string, or pass --text-field with the right name",
         )
+    for name in (text_field, id_field):
+        value = rec.get(name)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise DataError(
+                    f"{where}: field {name!r} holds the lone surrogate "
+                    f"{value[e.start]!r} (a JSON escape such as \\ud800 that is not valid "
+                    "Unicode text)",
+                    "fix or drop that line; `trainguard data filter` rejects such documents (D230)",
+                ) from None
     return rec
 
 
@@ -80,7 +95,7 @@ def iter_batches(
     ids: list[Any] = []
     if fmt == "jsonl":
         for lineno, line in _jsonl_lines(path):
-            rec = parse_jsonl_line(line, f"{path}:{lineno}", text_field)
+            rec = parse_jsonl_line(line, f"{path}:{lineno}", text_field, id_field)
             texts.append(rec[text_field])
             ids.append(rec.get(id_field))
             if len(texts) == size:
@@ -89,9 +104,7 @@ def iter_batches(
         if texts:
             yield texts, ids
         return
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(path)
+    pf = open_parquet(path, "input", DataError)
     names = pf.schema_arrow.names
     if text_field not in names:
         raise DataError(
@@ -109,54 +122,49 @@ def iter_batches(
         yield t, (batch.column(1).to_pylist() if len(cols) == 2 else [None] * len(t))
 
 
-@contextlib.contextmanager
-def _atomic_path(out: Path) -> Iterator[Path]:
-    """A temporary name next to `out`, renamed onto it only when the block succeeds."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        yield tmp
-        os.replace(tmp, out)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
 def write_kept(in_path: str | Path, out_path: str | Path, fmt: str, keep: np.ndarray) -> int:
-    """Copy the records where keep[i] is true, in input order; returns how many were written."""
+    """Copy the records where keep[i] is true, in input order; returns how many were written.
+
+    Writes `out_path` as given: callers pass a temporary path from `atomic_paths`."""
     in_path, out_path = Path(in_path), Path(out_path)
     written = 0
-    with _atomic_path(out_path) as tmp:
-        if fmt == "jsonl":
-            with open(tmp, "wb") as out:
-                for i, (_, line) in enumerate(_jsonl_lines(in_path)):
-                    if keep[i]:
-                        out.write(line if line.endswith(b"\n") else line + b"\n")
-                        written += 1
-        else:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+    if fmt == "jsonl":
+        with open(out_path, "wb") as out:
+            for i, (_, line) in enumerate(_jsonl_lines(in_path)):
+                if keep[i]:
+                    out.write(line if line.endswith(b"\n") else line + b"\n")
+                    written += 1
+        return written
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-            pf = pq.ParquetFile(in_path)
-            with pq.ParquetWriter(tmp, pf.schema_arrow) as writer:
-                start = 0
-                for batch in pf.iter_batches(batch_size=8192):
-                    mask = pa.array(keep[start : start + batch.num_rows])
-                    start += batch.num_rows
-                    kept = batch.filter(mask)
-                    written += kept.num_rows
-                    writer.write_batch(kept)
+    pf = pq.ParquetFile(in_path)
+    with pq.ParquetWriter(out_path, pf.schema_arrow) as writer:
+        start = 0
+        for batch in pf.iter_batches(batch_size=8192):
+            mask = pa.array(keep[start : start + batch.num_rows])
+            start += batch.num_rows
+            kept = batch.filter(mask)
+            written += kept.num_rows
+            writer.write_batch(kept)
     return written
 
 
 def write_jsonl(path: str | Path, rows: list[dict[str, Any]]) -> None:
-    if "://" in str(path):  # an object store URL (s3://, gs://): no rename there
+    """JSON Lines to a local path as given (a temporary one from `atomic_paths`) or a URL."""
+    if is_url(path):  # an object store URL (s3://, gs://): no rename there
         import fsspec
 
-        with fsspec.open(str(path), "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        try:
+            with fsspec.open(str(path), "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        except Exception as e:
+            err = credentials_error(e, str(path))
+            if err is None:
+                raise
+            raise err from None
         return
-    with _atomic_path(Path(path)) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
@@ -171,28 +179,29 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
         if fmt == "jsonl":
             records += [json.loads(line) for _, line in _jsonl_lines(f)]
         else:
-            import pyarrow.parquet as pq
-
-            records += pq.read_table(f).to_pylist()
+            records += open_parquet(f, "input", DataError).read().to_pylist()
     return records
 
 
 def check_output(
-    out_path: str | Path, fmt: str, in_path: str | Path, folder_ok: bool = False
+    out_path: str | Path,
+    fmt: str,
+    in_path: str | Path,
+    clusters_path: str | Path | None,
+    folder_ok: bool = False,
 ) -> None:
-    """OUT must not be IN, must not name the other format, and is a file unless `folder_ok`."""
+    """OUT and the clusters file overwrite neither IN nor each other; OUT keeps IN's format
+    and is a file unless `folder_ok` (Spark writes a folder, replacing what it held)."""
     out_path = Path(out_path)
-    if out_path.is_dir() and not folder_ok:
-        raise BadInputError(
-            f"--out {out_path} is a folder; the local engine writes one file",
-            "give --out a file name (the folder may be a Spark engine output)",
-        )
-    if (
-        out_path.exists()
-        and Path(in_path).exists()
-        and out_path.resolve() == Path(in_path).resolve()
-    ):
-        raise BadInputError(f"--out {out_path} is the input file", "write to a different path")
+    refuse_overwrite(
+        {"--out": out_path, "--clusters": clusters_path},
+        {"IN": in_path},
+        replaced_folders=["--out"] if folder_ok else [],
+    )
+    # A folder in the way or a read-only folder fails now (exit 1), not after the work.
+    for path in ([] if folder_ok else [out_path]) + [clusters_path]:
+        if path is not None and not is_url(path):
+            check_writable(path)
     other = FORMATS.get(out_path.suffix.lower())
     if other is not None and other != fmt:
         raise BadInputError(

@@ -20,6 +20,10 @@ from trainguard.dedup.minhash import MinHasher
 from trainguard.dedup.normalise import exact_key, normalise
 from trainguard.dedup.plan import resolve, with_ids
 from trainguard.dedup.report import DedupReport, TextStats, check_params, default_clusters_path
+from trainguard.errors import BadInputError, DataError
+from trainguard.util.atomic import atomic_paths
+from trainguard.util.inputs import require_file
+from trainguard.util.paths import is_url
 
 
 def dedup_texts(
@@ -74,10 +78,17 @@ def dedup_file(
     """Deduplicate IN into OUT (same format) and write the clusters file; pure apart from files."""
     params = params or DedupParams()
     check_params(params)
+    for name, value in (("IN", in_path), ("--out", out_path)):
+        if is_url(value):
+            raise BadInputError(
+                f"{name} {value} is a URL; the local engine reads and writes local files",
+                "use --engine spark for object storage, or copy the file to a local disk",
+            )
     fmt = io.detect_format(in_path)
+    require_file(in_path, "input", "give the path of a .jsonl or .parquet file", DataError)
     out_path = Path(out_path)
-    io.check_output(out_path, fmt, in_path)
-    clusters_path = Path(clusters_path or default_clusters_path(out_path))
+    clusters_path = clusters_path or default_clusters_path(out_path)
+    io.check_output(out_path, fmt, in_path, clusters_path)
     t0 = time.perf_counter()
     batches = io.iter_batches(in_path, fmt, text_field, id_field)
     n, exact_rep, near_root, uniq_idx, uniq_sigs, ids, stats = dedup_texts(batches, params)
@@ -89,7 +100,10 @@ def dedup_file(
     rows = with_ids(resolve(exact_rep, near_root, similarity), ids.__getitem__)
     keep = np.ones(n, dtype=bool)
     keep[[r.removed for r in rows]] = False
-    io.write_kept(in_path, out_path, fmt, keep)
-    io.write_jsonl(clusters_path, [r.to_dict() for r in rows])
+    # Both files appear together or not at all (a clusters URL is written before OUT appears).
+    local = [p for p in (out_path, clusters_path) if not is_url(p)]
+    with atomic_paths(*local) as tmps:
+        io.write_kept(in_path, tmps[0], fmt, keep)
+        io.write_jsonl(tmps[1] if len(tmps) > 1 else clusters_path, [r.to_dict() for r in rows])
     seconds = time.perf_counter() - t0
     return DedupReport.build("local", params, n, rows, stats, seconds, out_path, clusters_path, fmt)

@@ -17,6 +17,8 @@ HIGH_DUPLICATE_SHARE = 0.3
 """D202 fires when more than this share of the input is removed."""
 SHORT_SHARE = 0.1
 """D203 fires when more than this share of documents is shorter than one shingle."""
+MAX_HASHES = 4096
+"""bands x rows at most: far above any published setting (FineWeb 112, datasketch 128-256)."""
 BIG_CLUSTER_SHARE = 0.01
 """D204 fires when one cluster holds more than this share of the input (and 10+ documents)."""
 
@@ -48,6 +50,12 @@ def check_params(params: DedupParams) -> None:
         raise BadInputError(
             f"bands={params.bands} and rows={params.rows} must both be at least 1",
             "use the defaults (14 bands of 8 rows) or positive values",
+        )
+    if params.num_perm > MAX_HASHES:
+        raise BadInputError(
+            f"bands={params.bands} x rows={params.rows} = {params.num_perm} hash functions "
+            f"exceeds the cap of {MAX_HASHES} (4 bytes per hash function per document)",
+            "use the defaults (14 bands of 8 rows, FineWeb's setting) or fewer bands or rows",
         )
     if params.ngram < 1:
         raise BadInputError(f"ngram={params.ngram} must be at least 1", "use 5 (word 5-grams)")

@@ -31,6 +31,9 @@ from trainguard.dedup.normalise import exact_key, normalise
 from trainguard.dedup.plan import resolve, with_ids
 from trainguard.dedup.report import DedupReport, TextStats, check_params, default_clusters_path
 from trainguard.errors import BadInputError, DataError
+from trainguard.util.atomic import atomic_paths, check_writable
+from trainguard.util.inputs import open_parquet
+from trainguard.util.paths import is_url
 
 _NORMAL, _EMPTY, _SHORT = 0, 1, 2
 _BATCH = 1024
@@ -148,9 +151,13 @@ def dedup_file_spark(
     params = params or DedupParams()
     check_params(params)
     in_str = str(in_path)
-    fmt = io.detect_format(in_path, must_exist="://" not in in_str)
-    io.check_output(out_path, fmt, in_path, folder_ok=True)
+    fmt = io.detect_format(in_path, must_exist=not is_url(in_str))
+    if fmt == "parquet" and Path(in_str).is_file():
+        open_parquet(in_str, "input", DataError)  # not Parquet: a clear error, not a Java one
     clusters_path = clusters_path or default_clusters_path(Path(out_path))
+    io.check_output(out_path, fmt, in_path, clusters_path, folder_ok=True)
+    if not is_url(out_path):
+        check_writable(Path(out_path) / "_SUCCESS")  # before Spark starts, not after the work
     spark = spark or get_spark(master)
     sc = spark.sparkContext
     t0 = time.perf_counter()
@@ -205,7 +212,11 @@ def dedup_file_spark(
     else:
         schema = spark.read.parquet(in_str).schema
         spark.createDataFrame(kept, schema).write.mode("overwrite").parquet(out)
-    io.write_jsonl(clusters_path, [r.to_dict() for r in rows])
+    if is_url(clusters_path):
+        io.write_jsonl(clusters_path, [r.to_dict() for r in rows])
+    else:
+        with atomic_paths(clusters_path) as (tmp,):
+            io.write_jsonl(tmp, [r.to_dict() for r in rows])
     docs.unpersist()
     for b in (copies, involved, named, removed):
         b.unpersist()

@@ -7,7 +7,8 @@ With the recipe's tokenizer (the tokens the runner will score):
 - E112 token boundary mismatch: encode(context) + encode(continuation) !=
   encode(context + continuation);
 - E113 / E114 document-start token (BOS) missing or doubled;
-- E115 empty choice, answer or text; E116 duplicate choices; E117 gold index out of range.
+- E115 empty choice, answer or text; E116 duplicate choices; E117 gold index out of range;
+- E118 a regex answer (`match: regex`) that is not a valid regular expression.
 
 One finding per task and code, counting the examples affected and naming the first, so a
 10,000-example task with a systematic trap gives one line, not 10,000.
@@ -22,7 +23,7 @@ from tokenizers import Tokenizer
 
 from trainguard.evals.runner import task_rows
 from trainguard.evals.scoring import encode_context, encode_continuation
-from trainguard.evals.spec import EvalSpec, TaskSpec, load_spec
+from trainguard.evals.spec import EvalSpec, TaskSpec, answer_error, load_spec
 from trainguard.findings import Finding
 
 DOC_START = "<|endoftext|>"
@@ -78,6 +79,9 @@ def _lint_row(col: _Collector, task: TaskSpec, i: int, row: dict[str, Any], tok,
     elif task.type == "generation":
         if not row["answer"].strip():
             col.add("E115", i, "the answer is empty")
+        problem = answer_error(task, row)
+        if problem:
+            col.add("E118", i, problem)
         if row["prompt"][-1:] in (" ", "\t"):
             col.add("E111", i, f"prompt ends in whitespace: {row['prompt'][-20:]!r}")
             trapped = True  # the trap is also why its boundary mismatches: one finding

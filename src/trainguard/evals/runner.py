@@ -29,7 +29,7 @@ from trainguard.evals.scoring import (
     loglikelihoods,
     sum_nll_bits,
 )
-from trainguard.evals.spec import EvalSpec, TaskSpec, load_spec, read_task_data
+from trainguard.evals.spec import EvalSpec, TaskSpec, check_answers, load_spec, read_task_data
 from trainguard.findings import Finding
 
 
@@ -134,9 +134,11 @@ def run_evals(
     t0 = time.perf_counter()
     was_training = model.training
     results = EvalResults()
+    loaded = [load_spec(s) for s in specs]
+    for spec in loaded:
+        check_answers(spec)  # bad input fails before the first forward, not halfway through
     try:
-        for s in specs:
-            spec = load_spec(s)
+        for spec in loaded:
             for task in spec.tasks:
                 rows = task_rows(spec, task, data, max_examples)
                 if task.type == "multiple_choice":

@@ -26,6 +26,7 @@ A shipped spec is named by its file stem in `trainguard/recipes/evals/`.
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainguard.errors import BadInputError
+from trainguard.util.inputs import read_text, require_file
 
 
 class EvalSpecError(BadInputError):
@@ -96,12 +98,8 @@ def shipped_specs() -> list[str]:
 def _spec_path(name_or_path: str | Path) -> Path:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or p.exists():
-        if not p.is_file():
-            raise EvalSpecError(
-                f"eval spec {p} does not exist",
-                f"give a spec file or one of the shipped specs {shipped_specs()}",
-            )
-        return p
+        fix = f"give a spec file or one of the shipped specs {shipped_specs()}"
+        return require_file(p, "eval spec", fix, EvalSpecError)
     res = resources.files("trainguard") / "recipes" / "evals" / f"{name_or_path}.yaml"
     if not res.is_file():
         raise EvalSpecError(
@@ -116,8 +114,9 @@ def load_spec(name_or_path: str | Path | EvalSpec) -> EvalSpec:
     if isinstance(name_or_path, EvalSpec):
         return name_or_path
     path = _spec_path(name_or_path)
+    text = read_text(path, "eval spec", "give a YAML eval spec", EvalSpecError)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         raise EvalSpecError(f"eval spec {path} is not valid YAML: {e}", "fix the YAML") from e
     if not isinstance(raw, dict):
@@ -149,31 +148,59 @@ def read_task_data(spec: EvalSpec, task: TaskSpec) -> list[dict[str, Any]]:
     assert task.data is not None
     base = Path(spec.path).parent if spec.path else Path.cwd()
     path = (base / task.data).resolve()
-    if not path.is_file():
-        raise EvalSpecError(
-            f"task {task.name!r}: data file {path} does not exist",
-            "give `data` relative to the spec file",
-        )
+    text = read_text(
+        path,
+        f"task {task.name!r}: data file",
+        "give `data` relative to the spec file",
+        EvalSpecError,
+    )
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
+    for i, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EvalSpecError(
+                f"{path} line {i} is not JSON: {e}", "one JSON object per line"
+            ) from None
+        need = _REQUIRED[task.type]
+        for key, typ in need.items():
+            if not isinstance(row, dict) or not isinstance(row.get(key), typ):
+                shape = json.dumps({k: t.__name__ for k, t in need.items()})
                 raise EvalSpecError(
-                    f"{path} line {i} is not JSON: {e}", "one JSON object per line"
-                ) from None
-            need = _REQUIRED[task.type]
-            for key, typ in need.items():
-                if not isinstance(row, dict) or not isinstance(row.get(key), typ):
-                    shape = json.dumps({k: t.__name__ for k, t in need.items()})
-                    raise EvalSpecError(
-                        f"{path} line {i}: {task.type} rows need {key!r} of type {typ.__name__}",
-                        f"rows look like {shape}",
-                    )
-            rows.append(row)
+                    f"{path} line {i}: {task.type} rows need {key!r} of type {typ.__name__}",
+                    f"rows look like {shape}",
+                )
+        rows.append(row)
     if not rows:
         raise EvalSpecError(f"{path} holds no examples", "add at least one JSONL row")
     return rows
+
+
+def answer_error(task: TaskSpec, row: dict[str, Any]) -> str | None:
+    """Why a generation row's answer cannot be matched (an invalid regex), else None."""
+    if task.type != "generation" or task.match != "regex":
+        return None
+    try:
+        re.compile(row["answer"])
+    except re.error as e:
+        return f"answer {row['answer']!r} is not a valid regular expression ({e})"
+    return None
+
+
+def check_answers(spec: EvalSpec) -> None:
+    """EvalSpecError for the first answer that cannot be matched: checked before any scoring,
+    so a bad regex fails the command at once rather than after the other tasks ran."""
+    for task in spec.tasks:
+        if task.data is None or task.type != "generation" or task.match != "regex":
+            continue
+        for i, row in enumerate(read_task_data(spec, task)):
+            problem = answer_error(task, row)
+            if problem:
+                raise EvalSpecError(
+                    f"eval spec {spec.path or spec.name}, task {task.name!r} example {i}: "
+                    f"{problem}",
+                    "fix the pattern (escape literal characters with \\), or use "
+                    "`match: exact` or `match: contains` for literal answers",
+                )

@@ -9,13 +9,14 @@ lone surrogates (rule D230 points at them) and are written back byte for byte.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainguard.errors import DataError
+from trainguard.util.inputs import open_parquet
+from trainguard.util.paths import is_url, refuse_overwrite
 
 REJECT_FIELDS = ("_reject_codes", "_reject_reasons")
 _PARQUET_BATCH = 1024
@@ -34,6 +35,11 @@ def source_format(source: str | Path) -> str:
     """`jsonl`, `parquet`, `folder` or `stdlib`; a missing path raises DataError."""
     if str(source) == "stdlib":
         return "stdlib"
+    if is_url(source):
+        raise DataError(
+            f"data source {source} is a URL; filtering and inspection read local files",
+            "copy the data to a local disk first (e.g. `aws s3 cp`) and give its path",
+        )
     path = Path(source)
     if not path.exists():
         raise DataError(
@@ -100,9 +106,7 @@ def _iter_jsonl(path: Path, text_field: str) -> Iterator[Record]:
 
 
 def _iter_parquet(path: Path, text_field: str) -> Iterator[Record]:
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(path)
+    pf = open_parquet(path, "data source", DataError)
     if text_field not in pf.schema_arrow.names:
         raise DataError(
             f"{path} has no column {text_field!r} (columns: {pf.schema_arrow.names})",
@@ -143,20 +147,15 @@ def output_paths(source: str | Path, out: str | Path) -> tuple[Path, Path, str]:
         paths = (out, out.with_name(f"{out.stem}.rejected{out.suffix}"))
     else:
         paths = (out / f"kept.{fmt}", out / f"rejected.{fmt}")
-    if str(source) != "stdlib" and any(p.resolve() == Path(source).resolve() for p in paths):
-        raise DataError(
-            f"--out {out} would overwrite the input {source}",
-            "write the filtered documents to another file or folder",
-        )
+    refuse_overwrite({"--out": paths[0], "the rejected file": paths[1]}, {"SOURCE": source})
     return paths[0], paths[1], fmt
 
 
 def parquet_schemas(source: str | Path) -> tuple[Any, Any]:
     """(kept schema, rejected schema) of a Parquet source: its own columns, plus the reasons."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    schema = pq.ParquetFile(source).schema_arrow
+    schema = open_parquet(source, "data source", DataError).schema_arrow
     rejected = schema
     for name in REJECT_FIELDS:
         rejected = rejected.append(pa.field(name, pa.list_(pa.string())))
@@ -164,18 +163,16 @@ def parquet_schemas(source: str | Path) -> tuple[Any, Any]:
 
 
 class RecordWriter:
-    """Writes records in `fmt`, streaming; Parquet uses `schema` (else the first batch's)."""
+    """Writes records in `fmt` to `path`, streaming; Parquet uses `schema` (else the first
+    batch's). Callers write to a temporary path from `util.atomic.atomic_paths`, so a failed
+    run leaves no half-written output that looks complete."""
 
     def __init__(self, path: Path, fmt: str, schema: Any = None) -> None:
         self.path, self.fmt, self._schema = Path(path), fmt, schema
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Written under a temporary name and renamed on success: a failed run leaves no
-        # half-written output that looks complete.
-        self._tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         self.count = 0
         self._buffer: list[dict[str, Any]] = []
         self._pq_writer: Any = None
-        self._file = open(self._tmp, "wb") if fmt == "jsonl" else None  # noqa: SIM115
+        self._file = open(self.path, "wb") if fmt == "jsonl" else None  # noqa: SIM115
 
     def write(self, fields: dict[str, Any]) -> None:
         self.count += 1
@@ -194,7 +191,7 @@ class RecordWriter:
             return
         if self._pq_writer is None:
             table = pa.Table.from_pylist(self._buffer, schema=self._schema)
-            self._pq_writer = pq.ParquetWriter(self._tmp, table.schema)
+            self._pq_writer = pq.ParquetWriter(self.path, table.schema)
         else:
             table = pa.Table.from_pylist(self._buffer, schema=self._pq_writer.schema)
         self._pq_writer.write_table(table)
@@ -211,17 +208,15 @@ class RecordWriter:
 
                 # No records: still write a valid, empty file with the input's columns.
                 schema = self._schema if self._schema is not None else pa.schema([])
-                pq.write_table(schema.empty_table(), self._tmp)
+                pq.write_table(schema.empty_table(), self.path)
             else:
                 self._pq_writer.close()
-        os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
         if self._file is not None:
             self._file.close()
         elif self._pq_writer is not None:
             self._pq_writer.close()
-        self._tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> RecordWriter:
         return self

@@ -22,6 +22,7 @@ from trainguard.filters.records import (
 )
 from trainguard.filters.registry import apply_rules, reasons, select_rules
 from trainguard.findings import Finding
+from trainguard.util.atomic import atomic_paths
 
 
 @dataclass
@@ -77,8 +78,9 @@ def filter_source(
     summary = FilterSummary(kept_path=str(kept_path), rejected_path=str(rejected_path))
     by_code: Counter[str] = Counter()
     with (
-        RecordWriter(kept_path, fmt, kept_schema) as kept,
-        RecordWriter(rejected_path, fmt, rejected_schema) as rejected,
+        atomic_paths(kept_path, rejected_path) as (kept_tmp, rejected_tmp),
+        RecordWriter(kept_tmp, fmt, kept_schema) as kept,
+        RecordWriter(rejected_tmp, fmt, rejected_schema) as rejected,
     ):
         for rec in iter_records(source, text_field):
             summary.total += 1

@@ -22,6 +22,7 @@ from typing import Any
 
 from trainguard.errors import DataError
 from trainguard.metrics.logfile import csv_rows, follow_lines, jsonl_rows
+from trainguard.util.inputs import read_text
 
 ACCEPTED = (
     "JSON Lines (.jsonl), CSV/TSV with a header, a TensorBoard event file or run folder, "
@@ -49,7 +50,7 @@ def _head_text(path: Path, size: int = 65536) -> str:
     try:
         return head.decode("utf-8")
     except UnicodeDecodeError as e:
-        if e.start < len(head) - 4:  # not just a character cut by the read size
+        if len(head) < size or e.start < len(head) - 4:  # not a character cut by the read size
             raise _unknown(path, "not UTF-8 text") from None
         return head[: e.start].decode("utf-8")
 
@@ -103,7 +104,7 @@ def read_rows(path: str | Path) -> Iterator[dict[str, Any]]:
     if fmt == "hf_trainer_state":
         yield from trainer_state_rows(path / HF_STATE if path.is_dir() else path)
         return
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = read_text(path, "metric log", FIX, DataError)  # strict: no silent U+FFFD values
     if fmt == "wandb_csv":
         yield from wandb_csv_rows(path, text)
     elif fmt == "csv":

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainguard.util.atomic import atomic_write_text
+from trainguard.util.inputs import read_text
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -77,7 +78,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    text = read_text(path, "metric log", "restore it from a backup, or start a new run dir")
+    for line in text.splitlines():
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError:

@@ -136,9 +136,15 @@ def follow_lines(
     header: list[str] | None = None
     pending = ""
     lineno = 0
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with open(path, encoding="utf-8") as fh:
         while True:
-            chunk = fh.read()
+            try:
+                chunk = fh.read()
+            except UnicodeDecodeError as e:  # (a character cut mid-write just waits in the decoder)
+                raise DataError(
+                    f"metric log {path} is not valid UTF-8 ({e.reason} after line {lineno})",
+                    "write the log as UTF-8 text",
+                ) from None
             if chunk:
                 last_data = time.monotonic()
                 pending += chunk

@@ -31,6 +31,8 @@ DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
 }
+# Ranks x entries simulated at most: the float64 gradients alone take 8 bytes each (2 GiB).
+MAX_SIMULATED_ENTRIES = 2**28
 ALGORITHMS = ("ring", "tree", "fp32-accumulate")
 
 BIAS_LIMIT = 1e-3
@@ -170,6 +172,15 @@ def audit_reduction(
 
     if world_size < 1:
         raise BadInputError(f"world size {world_size} < 1", "give --world-size >= 1")
+    if world_size * n_elements > MAX_SIMULATED_ENTRIES:
+        raise BadInputError(
+            f"simulating {world_size} ranks x {n_elements} gradient entries needs "
+            f"{world_size * n_elements * 8 / 2**30:.0f} GiB (cap: {MAX_SIMULATED_ENTRIES:,} "
+            "entries, 2 GiB)",
+            f"lower --world-size or --elements so that their product is at most "
+            f"{MAX_SIMULATED_ENTRIES:,} (e.g. --world-size {world_size} --elements "
+            f"{max(16, MAX_SIMULATED_ENTRIES // world_size)})",
+        )
     if algorithm not in ALGORITHMS:
         raise BadInputError(
             f"unknown reduction algorithm {algorithm!r}", f"use one of {', '.join(ALGORITHMS)}"

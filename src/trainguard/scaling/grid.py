@@ -8,6 +8,7 @@ finishes, so an interrupted grid keeps what it has; cells already in the CSV are
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,9 @@ import yaml
 
 from trainguard.errors import BadInputError, TrainguardError
 from trainguard.findings import Finding
+from trainguard.util.atomic import atomic_write_text, check_writable
+from trainguard.util.inputs import read_text
+from trainguard.util.paths import refuse_overwrite
 from trainguard.util.runlock import FolderLock
 
 FIELDS = ["name", "params", "tokens", "loss", "run_dir"]
@@ -57,20 +61,34 @@ def cell_name(cell: dict[str, Any]) -> str:
 
 
 def done_cells(csv_path: Path) -> set[str]:
-    if not csv_path.is_file():
+    """Names of the cells the CSV already holds; BadInputError if it is not a `scale run` CSV.
+
+    Checked before any cell runs: a CSV that cannot take the rows must not cost the grid."""
+    if not csv_path.exists():
         return set()
-    with open(csv_path, newline="", encoding="utf-8") as f:
-        return {row["name"] for row in csv.DictReader(f)}
+    text = read_text(csv_path, "runs CSV", "give --csv a new file or one `scale run` wrote")
+    if not text.strip():
+        return set()
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if reader.fieldnames != FIELDS:
+        raise BadInputError(
+            f"runs CSV {csv_path} has the columns {reader.fieldnames}; `scale run` appends "
+            f"rows of {','.join(FIELDS)}",
+            "give --csv a new file or one `scale run` wrote",
+        )
+    return {row["name"] for row in reader}
 
 
 def append_row(csv_path: Path, row: dict[str, Any]) -> None:
-    new = not csv_path.is_file() or csv_path.stat().st_size == 0
-    with open(csv_path, "a", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow({k: row[k] for k in FIELDS})
-        f.flush()
+    """Add one row; the CSV is rewritten atomically, so a failed write leaves it as it was."""
+    old = csv_path.read_text(encoding="utf-8") if csv_path.is_file() else ""
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=FIELDS)
+    if not old.strip():
+        old = ""
+        writer.writeheader()
+    writer.writerow({k: row[k] for k in FIELDS})
+    atomic_write_text(csv_path, old + buf.getvalue())
 
 
 def _default_runner(recipe: Any, run_dir: Path) -> Any:
@@ -96,7 +114,13 @@ def run_grid(
 
     out_dir, csv_path = Path(out_dir), Path(csv_path)
     cells = grid_cells(axes)
-    # Validate every cell before running any: a typo in the last cell must not cost the grid.
+    # Check everything before running any cell: a typo in the last cell or a CSV that cannot
+    # take the rows must not cost the grid.
+    recipe_file = recipe if Path(recipe).is_file() else None
+    refuse_overwrite({"--csv": csv_path, "--out": out_dir}, {"RECIPE": recipe_file})
+    check_writable(csv_path)
+    done_cells(csv_path)  # a CSV that cannot take the rows fails now; read again under the lock
+    check_writable(out_dir / cell_name(cells[0]))
     recipes = [
         load_recipe(recipe, [*(overrides or []), *(f"{k}={v}" for k, v in c.items())])
         for c in cells
@@ -158,25 +182,23 @@ def _run_cells(
 def read_runs_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(params, tokens, loss) from a CSV with at least those three columns."""
     path = Path(path)
-    if not path.is_file():
-        raise BadInputError(f"runs CSV {path} does not exist", "give the CSV `scale run` wrote")
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = {"params", "tokens", "loss"} - set(reader.fieldnames or [])
-        if missing:
+    text = read_text(path, "runs CSV", "give the CSV `scale run` wrote")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    missing = {"params", "tokens", "loss"} - set(reader.fieldnames or [])
+    if missing:
+        raise BadInputError(
+            f"{path} lacks columns {sorted(missing)} (has {reader.fieldnames})",
+            "the CSV needs a header with params,tokens,loss",
+        )
+    rows = []
+    for i, row in enumerate(reader, start=2):
+        try:
+            rows.append((float(row["params"]), float(row["tokens"]), float(row["loss"])))
+        except (TypeError, ValueError):
             raise BadInputError(
-                f"{path} lacks columns {sorted(missing)} (has {reader.fieldnames})",
-                "the CSV needs a header with params,tokens,loss",
-            )
-        rows = []
-        for i, row in enumerate(reader, start=2):
-            try:
-                rows.append((float(row["params"]), float(row["tokens"]), float(row["loss"])))
-            except (TypeError, ValueError):
-                raise BadInputError(
-                    f"{path} line {i}: params, tokens and loss must be numbers, got {row}",
-                    "fix or delete that line",
-                ) from None
+                f"{path} line {i}: params, tokens and loss must be numbers, got {row}",
+                "fix or delete that line",
+            ) from None
     if not rows:
         raise BadInputError(f"{path} has no runs", "run `trainguard scale run` first")
     arr = np.array(rows)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from trainguard.scaling.fit import FitResult
+from trainguard.util.atomic import atomic_paths
 
 
 def plot_fit(
@@ -27,7 +28,7 @@ def plot_fit(
     fig, ax = plt.subplots(figsize=(7, 4.5))
     sizes = np.unique(params)
     cmap = plt.get_cmap("viridis", max(2, len(sizes)))
-    d_max = max(tokens.max(), *(p["tokens"] for p in predictions or [])) * 1.5
+    d_max = max([float(tokens.max()), *(p["tokens"] for p in predictions or [])]) * 1.5
     grid = np.geomspace(tokens.min() / 1.5, d_max, 100)
     for i, n in enumerate(sizes):
         sel = params == n
@@ -62,6 +63,9 @@ def plot_fit(
     )
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_paths(path) as (tmp,):
+            fig.savefig(tmp, dpi=110)
+    finally:
+        plt.close(fig)
     return path

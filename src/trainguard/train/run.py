@@ -105,6 +105,10 @@ class RunSession:
             self.dist.barrier()
             self.record(moved)
         rundir.check_resume_recipe(self.run_dir, self.recipe_dict)
+        # The store first, with one listing: a bucket without credentials or a wrong endpoint
+        # is bad input found in a second, not after preparing data and building the model.
+        self.store = open_store(self.recipe, self.run_dir, self.dist)
+        self.store.steps()
         if self.recipe.preflight.doctor:  # first: a bad node is found before anything is spent
             self.preflight(doctor=True)
         set_determinism(self.recipe)
@@ -116,7 +120,6 @@ class RunSession:
         # Before anything is written: checkpoints that exist but cannot be used stop the run
         # here, with metrics.jsonl and the checkpoint folders untouched. Loading waits for
         # resume(), after pre-flight (whose random draws must not touch the restored RNGs).
-        self.store = open_store(self.recipe, self.run_dir, self.dist)
         self.chosen = choose_checkpoint(self.store, self.model, self.optimizer)
         refuse_if_none_usable(self.chosen)
         if self.is_main:

@@ -1,0 +1,834 @@
+"""The bad-input matrix (issue 10): every command x every bad input, in one table.
+
+Each row runs one command line in process (typer's CliRunner on `trainguard.cli.app`) against
+a fresh workspace of real files and asserts:
+- the exit status (2 bad input; 1 where the command ran into a finding or a write failure);
+- no traceback, and a message that names the problem (`says`, case-insensitive);
+- no wrong words (`never_says`: "does not exist" of a path that exists, "delete");
+- every file that existed before is byte-identical afterwards (inputs are never touched), and
+  no new file appeared (nothing written, no partial output) except what the row allows.
+
+To add a row: append `Row(...)` under its command. Placeholders in `args` are workspace paths
+(see `Workspace`); `fault` arranges a write failure (`readonly`, `disk_full`), missing cloud
+credentials (`no_credentials`) or a held run-dir lock (`locked`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import fnmatch
+import functools
+import hashlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from trainguard.cli import app
+
+XFAIL_TRUST_RUN = pytest.mark.xfail(strict=True, reason="pending trust-run")
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    args: tuple[str, ...]
+    exit: int = 2
+    says: tuple[str, ...] = ()
+    never_says: tuple[str, ...] = ()
+    fault: str | None = None
+    may_create: tuple[str, ...] = ()  # globs, relative to the workspace, of allowed new files
+    marks: tuple = field(default_factory=tuple)
+
+    def param(self):
+        return pytest.param(self, id=self.id, marks=self.marks)
+
+
+def row(id: str, *args: str, **kw) -> Row:
+    return Row(id, args, **kw)
+
+
+def cannot(path: str) -> tuple[str, ...]:
+    """What a write failure says: what it cannot do, and the path (exit 1)."""
+    return ("cannot", path)
+
+
+RO = "readonly"  # every write failure names the path it could not write
+NOT_EXIST = ("does not exist",)
+FIT = ("--boot", "5")  # a few bootstrap refits: the rows test the inputs, not the fit
+SMALL = ("--vocab-size", "260", "--seq-len", "8", "--val-fraction", "0.2")
+# Drill rows name a recipe whose runs fail at once: if a check were missing, no drill trains.
+DRILL = ("--recipe", "{tiny}", "--only", "clean", "--set", "data.source={inputs}/missing")
+DRILL_DIR = ("--workdir", "{out}/drill")
+
+ROWS = [
+    # --- run ------------------------------------------------------------------------------
+    row("run-recipe-not-utf8", "run", "{bad_recipe}", "--run-dir", "{out}/r", says=("UTF-8",)),
+    row("run-threads-negative", "run", "{tiny}", "--set", "train.threads=-1", says=("threads",)),
+    row("run-threads-zero", "run", "{tiny}", "--set", "train.threads=0", says=("threads",)),
+    row("run-seed-negative", "run", "{tiny}", "--set", "train.seed=-1", says=("train.seed",)),
+    row("run-seed-2-63", "run", "{tiny}", "--set", f"train.seed={2**63}", says=("train.seed",)),
+    row(
+        "run-moe-top-k-above-experts",
+        *("run", "{tiny}", "--set", "model.moe.n_experts=2", "--set", "model.moe.top_k=3"),
+        says=("top_k",),
+    ),
+    row("run-lr-nan", "run", "{tiny}", "--set", "train.lr=.nan", says=("train.lr",)),
+    row("run-lr-inf", "run", "{tiny}", "--set", "train.lr=.inf", says=("train.lr",)),
+    row("run-lr-above-10", "run", "{tiny}", "--set", "train.lr=30", says=("train.lr",)),
+    row(
+        "run-dir-inside-source",
+        *("run", "{tiny}", "--run-dir", "{corpus}/run"),
+        says=("inside the input folder",),
+    ),
+    row(
+        "run-dir-recipe-not-utf8",
+        *("run", "{tiny}", "--run-dir", "{run_bad_recipe}"),
+        says=("recipe", "UTF-8"),
+    ),
+    row(
+        "run-s3-without-credentials",
+        *("run", "{tiny}", "-q", "--run-dir", "{out}/s3run"),
+        *("--set", "checkpoint.dir=s3://trainguard-matrix-no-such-bucket/ckpt"),
+        says=("credentials",),
+        fault="no_credentials",
+        may_create=("out/s3run", "out/s3run/*"),
+    ),
+    row(
+        "run-dir-locked",
+        *("run", "{tiny}", "--run-dir", "{run_ok}", "--set", "data.source={inputs}/missing"),
+        says=("lock",),
+        fault="locked",
+        marks=(XFAIL_TRUST_RUN,),
+    ),
+    row(
+        "run-max-restarts-negative",
+        *("run", "{tiny}", "--max-restarts", "-1", "--set", "data.source={inputs}/missing"),
+        says=("--max-restarts",),
+        marks=(XFAIL_TRUST_RUN,),
+    ),
+    # --- report ---------------------------------------------------------------------------
+    row("report-recipe-not-utf8", "report", "{run_bad_recipe}", says=("recipe", "UTF-8")),
+    row("report-metrics-not-utf8", "report", "{run_bad_metrics}", says=("metric", "UTF-8")),
+    row("report-not-a-run-dir", "report", "{inputs}", says=("not a trainguard run dir",)),
+    row("report-html-is-a-folder", "report", "{run_html_dir}", exit=1, says=cannot("report.html")),
+    row("report-readonly", "report", "{ro_run}", exit=1, says=cannot("{ro_run}"), fault="readonly"),
+    row(
+        "report-disk-full", "report", "{run_ok}", exit=1, says=cannot("{run_ok}"), fault="disk_full"
+    ),
+    # --- check-model ----------------------------------------------------------------------
+    row(
+        "check-model-nan-logits-leaky",
+        *("check-model", "{models}/nanleak.py:make", "--seq-len", "8", "--batch-size", "2"),
+        exit=1,
+        says=("M108", "M101"),
+    ),
+    row(
+        "check-model-seed-negative",
+        *("check-model", "{models}/nanleak.py:make", "--seed", "-1"),
+        says=("--seed",),
+    ),
+    row(
+        "check-model-target-is-a-folder",
+        *("check-model", "{models}:make"),
+        says=("is a folder",),
+        never_says=NOT_EXIST,
+    ),
+    # --- check-precision ------------------------------------------------------------------
+    row(
+        "check-precision-world-size-cap",
+        *("check-precision", "--world-size", "100000000"),
+        says=("--world-size",),
+    ),
+    row(
+        "check-precision-entries-cap",
+        *("check-precision", "--world-size", "1000000", "--shadow-steps", "0"),
+        says=("--elements",),
+    ),
+    row("check-precision-seed-2-64", "check-precision", "--seed", str(2**64), says=("--seed",)),
+    # --- check-tokenizer ------------------------------------------------------------------
+    row(
+        "check-tokenizer-prepared-wrong-dir",
+        *("check-tokenizer", "{tokenizer}", "--prepared", "{not_prepared}"),
+        says=("not a prepared data folder",),
+        never_says=("delete", "remove"),
+    ),
+    row(
+        "check-tokenizer-prepared-missing",
+        *("check-tokenizer", "{tokenizer}", "--prepared", "{out}/nothing"),
+        says=NOT_EXIST,
+        never_says=("delete",),
+    ),
+    row(
+        "check-tokenizer-corpus-fake-parquet",
+        *("check-tokenizer", "{tokenizer}", "--corpus", "{fake_parquet}"),
+        says=("Parquet",),
+    ),
+    # --- data prepare ---------------------------------------------------------------------
+    *[
+        row(f"data-prepare-{name}", "data", "prepare", src, "--out", out, *SMALL, *rest, **kw)
+        for name, src, out, rest, kw in [
+            ("lone-surrogate", "{surrogate}", "{out}/p", (), {"says": ("surrogate",)}),
+            ("fake-parquet", "{fake_parquet}", "{out}/p", (), {"says": ("Parquet",)}),
+            ("out-is-source", "{corpus}", "{corpus}", (), {"says": ("is the input",)}),
+            (
+                "out-inside-source",
+                "{corpus}",
+                "{corpus}/cache",
+                (),
+                {"says": ("inside the input folder",)},
+            ),
+            ("source-is-url", "s3://bucket/data.jsonl", "{out}/p", (), {"says": ("URL",)}),
+            (
+                "out-under-a-file",
+                "{corpus}",
+                "{afile}/cache",
+                (),
+                {"exit": 1, "says": cannot("{afile}")},
+            ),
+            (
+                "out-readonly",
+                "{corpus}",
+                "{ro}",
+                (),
+                {"exit": 1, "says": cannot("{ro}"), "fault": "readonly"},
+            ),
+            (
+                "disk-full",
+                "{corpus}",
+                "{out}/p",
+                ("--no-progress",),
+                {
+                    "exit": 1,
+                    "says": ("cannot write", "{out}/p", "file too large"),
+                    "fault": "disk_full",
+                },
+            ),
+        ]
+    ],
+    # --- data dedup -----------------------------------------------------------------------
+    row(
+        "data-dedup-lone-surrogate",
+        *("data", "dedup", "{surrogate}", "--out", "{out}/d.jsonl"),
+        says=("surrogate",),
+    ),
+    row(
+        "data-dedup-fake-parquet",
+        *("data", "dedup", "{fake_parquet}", "--out", "{out}/d.parquet"),
+        says=("Parquet",),
+    ),
+    row(
+        "data-dedup-out-is-input",
+        *("data", "dedup", "{good}", "--out", "{good}"),
+        says=("is the input",),
+    ),
+    row(
+        "data-dedup-clusters-is-input",
+        *("data", "dedup", "{good}", "--out", "{out}/d.jsonl", "--clusters", "{good}"),
+        says=("--clusters", "is the input"),
+    ),
+    row(
+        "data-dedup-clusters-is-input-via-symlink",
+        *("data", "dedup", "{good}", "--out", "{out}/d.jsonl", "--clusters", "{good_link}"),
+        says=("--clusters", "is the input"),
+    ),
+    row(
+        "data-dedup-clusters-is-out",
+        *("data", "dedup", "{good}", "--out", "{out}/d.jsonl", "--clusters", "{out}/d.jsonl"),
+        says=("same file",),
+    ),
+    row(
+        "data-dedup-default-clusters-is-input",
+        *("data", "dedup", "{inputs}/x.clusters.jsonl", "--out", "{inputs}/x.jsonl"),
+        says=("clusters", "is the input"),
+    ),
+    row(
+        "data-dedup-bands-cap",
+        *("data", "dedup", "{good}", "--out", "{out}/d.jsonl", "--bands", "100000"),
+        says=("hash functions",),
+    ),
+    row(
+        "data-dedup-seed-negative",
+        *("data", "dedup", "{good}", "--out", "{out}/d.jsonl", "--seed", "-1"),
+        says=("--seed",),
+    ),
+    row(
+        "data-dedup-input-url-local-engine",
+        *("data", "dedup", "s3://bucket/in.jsonl", "--out", "{out}/d.jsonl"),
+        says=("URL",),
+    ),
+    row(
+        "data-dedup-clusters-s3-without-credentials",
+        *("data", "dedup", "{good}", "--out", "{out}/d.jsonl"),
+        *("--clusters", "s3://trainguard-matrix-no-such-bucket/c.jsonl"),
+        says=("credentials",),
+        fault="no_credentials",
+    ),
+    row(
+        "data-dedup-out-is-a-folder",
+        *("data", "dedup", "{good}", "--out", "{out}"),
+        exit=1,
+        says=cannot("{out}"),
+    ),
+    row(
+        "data-dedup-readonly",
+        *("data", "dedup", "{good}", "--out", "{ro}/d.jsonl"),
+        exit=1,
+        says=cannot("{ro}/d.jsonl"),
+        fault="readonly",
+    ),
+    row(
+        "data-dedup-disk-full",
+        *("data", "dedup", "{good}", "--out", "{out}/d.jsonl"),
+        exit=1,
+        says=cannot("{out}/d.jsonl"),
+        fault="disk_full",
+    ),
+    # --- data filter ----------------------------------------------------------------------
+    row(
+        "data-filter-out-is-source",
+        *("data", "filter", "{good}", "--out", "{good}"),
+        says=("is the input",),
+    ),
+    row(
+        "data-filter-out-inside-source",
+        *("data", "filter", "{corpus}", "--out", "{corpus}/filtered"),
+        says=("inside the input folder",),
+    ),
+    row(
+        "data-filter-rejected-file-is-source",
+        *("data", "filter", "{inputs}/y.rejected.jsonl", "--out", "{inputs}/y.jsonl"),
+        says=("rejected file", "is the input"),
+    ),
+    row(
+        "data-filter-min-words-negative",
+        *("data", "filter", "{good}", "--out", "{out}/f.jsonl", "--min-words", "-5"),
+        says=("--min-words",),
+    ),
+    row(
+        "data-filter-fake-parquet",
+        *("data", "filter", "{fake_parquet}", "--out", "{out}/f.jsonl"),
+        says=("Parquet",),
+    ),
+    row(
+        "data-filter-source-is-url",
+        *("data", "filter", "s3://bucket/in.jsonl", "--out", "{out}/f.jsonl"),
+        says=("URL",),
+        never_says=NOT_EXIST,
+    ),
+    row(
+        "data-filter-out-is-a-folder",
+        *("data", "filter", "{good}", "--out", "{out}/kept.jsonl"),
+        exit=1,
+        says=cannot("{out}/kept.jsonl"),
+    ),
+    row(
+        "data-filter-readonly",
+        *("data", "filter", "{good}", "--out", "{ro}/f.jsonl"),
+        exit=1,
+        says=cannot("{ro}/f.jsonl"),
+        fault="readonly",
+    ),
+    row(
+        "data-filter-disk-full",
+        *("data", "filter", "{good}", "--out", "{out}/f.jsonl", "--min-words", "1"),
+        exit=1,
+        says=cannot("{out}/f.jsonl"),
+        fault="disk_full",
+    ),
+    # --- data inspect ---------------------------------------------------------------------
+    row(
+        "data-inspect-html-is-source",
+        *("data", "inspect", "{good}", "--html", "{good}"),
+        says=("is the input",),
+    ),
+    row(
+        "data-inspect-html-inside-source",
+        *("data", "inspect", "{corpus}", "--html", "{corpus}/view.html"),
+        says=("inside the input folder",),
+    ),
+    row("data-inspect-fake-parquet", "data", "inspect", "{fake_parquet}", says=("Parquet",)),
+    row(
+        "data-inspect-seed-negative", "data", "inspect", "{good}", "--seed", "-1", says=("--seed",)
+    ),
+    row(
+        "data-inspect-html-is-a-folder",
+        *("data", "inspect", "{good}", "--html", "{out}"),
+        exit=1,
+        says=cannot("{out}"),
+    ),
+    row(
+        "data-inspect-readonly",
+        *("data", "inspect", "{good}", "--html", "{ro}/v.html"),
+        exit=1,
+        says=cannot("{ro}/v.html"),
+        fault="readonly",
+    ),
+    row(
+        "data-inspect-disk-full",
+        *("data", "inspect", "{good}", "--html", "{out}/v.html"),
+        exit=1,
+        says=cannot("{out}/v.html"),
+        fault="disk_full",
+    ),
+    # --- watch ----------------------------------------------------------------------------
+    row("watch-jsonl-not-utf8", "watch", "{metrics_bad_jsonl}", says=("UTF-8",)),
+    row("watch-csv-not-utf8", "watch", "{metrics_bad_csv}", says=("UTF-8",)),
+    row(
+        "watch-follow-not-utf8",
+        *("watch", "{metrics_bad_jsonl}", "--follow", "--idle-timeout", "0.2"),
+        says=("UTF-8",),
+    ),
+    row("watch-a-folder", "watch", "{inputs}", says=("folder",), never_says=NOT_EXIST),
+    # --- drill ----------------------------------------------------------------------------
+    row(
+        "drill-markdown-is-recipe",
+        *("drill", *DRILL, *DRILL_DIR, "--markdown", "{tiny}"),
+        says=("is the input",),
+    ),
+    row(
+        "drill-markdown-is-a-folder",
+        *("drill", *DRILL, *DRILL_DIR, "--markdown", "{out}"),
+        exit=1,
+        says=cannot("{out}"),
+    ),
+    row(
+        "drill-markdown-readonly",
+        *("drill", *DRILL, *DRILL_DIR, "--markdown", "{ro}/drills.md"),
+        exit=1,
+        says=cannot("{ro}/drills.md"),
+        fault="readonly",
+    ),
+    row(
+        "drill-missing-recipe",
+        *("drill", "--recipe", "{inputs}/missing.yaml", "--only", "clean"),
+        *("--workdir", "{out}/drill"),
+        says=("missing.yaml",),
+        marks=(XFAIL_TRUST_RUN,),
+    ),
+    # --- eval -----------------------------------------------------------------------------
+    row("eval-device-foo", "eval", "{empty_run}", "--device", "foo", says=("--device",)),
+    row("eval-spec-not-utf8", "eval", "{empty_run}", "--spec", "{spec_bad}", says=("UTF-8",)),
+    row(
+        "eval-regex-answer-invalid",
+        *("eval", "{empty_run}", "--spec", "{spec_regex}"),
+        says=("regular expression",),
+    ),
+    row("eval-target-missing", "eval", "{out}/nothing", says=NOT_EXIST),
+    # --- eval lint ------------------------------------------------------------------------
+    row("eval-lint-spec-not-utf8", "eval", "lint", "{spec_bad}", says=("UTF-8",)),
+    row("eval-lint-regex-answer-invalid", "eval", "lint", "{spec_regex}", exit=1, says=("E118",)),
+    row(
+        "eval-lint-spec-is-a-folder",
+        *("eval", "lint", "{inputs}"),
+        says=("is a folder",),
+        never_says=NOT_EXIST,
+    ),
+    row("eval-lint-task-data-not-utf8", "eval", "lint", "{spec_bad_data}", says=("UTF-8",)),
+    # --- scale run (every problem is found before the first cell runs) ---------------------
+    *[
+        row(
+            f"scale-run-{name}",
+            *("scale", "run", "{tiny}", "--grid", "model.d_model=32,64", "--out", out),
+            *("--csv", csv, "--set", "data.source={inputs}/missing"),
+            **kw,
+        )
+        for name, out, csv, kw in [
+            ("csv-is-recipe", "{out}/scale", "{tiny}", {"says": ("is the input",)}),
+            ("csv-not-utf8", "{out}/scale", "{bad_csv}", {"says": ("UTF-8",)}),
+            ("csv-wrong-columns", "{out}/scale", "{runs_csv}", {"says": ("columns",)}),
+            ("csv-is-a-folder", "{out}/scale", "{out}", {"exit": 1, "says": cannot("{out}")}),
+            (
+                "out-under-a-file",
+                "{afile}/scale",
+                "{out}/s.csv",
+                {"exit": 1, "says": cannot("{afile}")},
+            ),
+            (
+                "csv-readonly",
+                "{out}/scale",
+                "{ro}/s.csv",
+                {"exit": 1, "says": cannot("{ro}/s.csv"), "fault": "readonly"},
+            ),
+        ]
+    ],
+    # --- scale fit ------------------------------------------------------------------------
+    row("scale-fit-csv-not-utf8", "scale", "fit", "{bad_csv}", *FIT, says=("UTF-8",)),
+    row("scale-fit-csv-is-a-folder", "scale", "fit", "{inputs}", says=("is a folder",)),
+    row(
+        "scale-fit-band-is-input",
+        *("scale", "fit", "{runs_csv}", "--predict", "1e9,1e10", "--band", "{runs_csv}", *FIT),
+        says=("is the input",),
+    ),
+    row(
+        "scale-fit-plot-is-input",
+        *("scale", "fit", "{runs_csv}", "--plot", "{runs_csv}", *FIT),
+        says=("is the input",),
+    ),
+    row(
+        "scale-fit-band-is-plot",
+        *("scale", "fit", "{runs_csv}", "--predict", "1e9,1e10", *FIT),
+        *("--band", "{out}/b.json", "--plot", "{out}/b.json"),
+        says=("same file",),
+    ),
+    row(
+        "scale-fit-seed-negative",
+        *("scale", "fit", "{runs_csv}", "--seed", "-1", *FIT),
+        says=("--seed",),
+    ),
+    row(
+        "scale-fit-plot-without-predict-works",
+        *("scale", "fit", "{runs_csv}", "--plot", "{out}/fit.png", *FIT),
+        exit=0,
+        says=("L(N, D)",),
+        may_create=("out/fit.png",),
+    ),
+    row(
+        "scale-fit-band-is-a-folder",
+        *("scale", "fit", "{runs_csv}", "--predict", "1e9,1e10", "--band", "{out}", *FIT),
+        exit=1,
+        says=cannot("{out}"),
+    ),
+    row(
+        "scale-fit-plot-readonly",
+        *("scale", "fit", "{runs_csv}", "--plot", "{ro}/p.png", *FIT),
+        exit=1,
+        says=cannot("{ro}/p.png"),
+        fault="readonly",
+    ),
+    row(
+        "scale-fit-band-disk-full",
+        *("scale", "fit", "{runs_csv}", "--predict", "1e9,1e10", "--band", "{out}/b.json", *FIT),
+        exit=1,
+        says=cannot("{out}/b.json"),
+        fault="disk_full",
+    ),
+]
+
+
+# --- the workspace ---------------------------------------------------------------------------
+
+NAN_LEAK_MODEL = '''
+import torch
+from torch import nn
+
+
+class NanLeak(nn.Module):
+    """Position t sees position t+1 (a future-token leak), and one logit column is NaN."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 16)
+
+    def forward(self, x):
+        h = self.emb(x)
+        h = h + torch.roll(h, -1, dims=1)
+        logits = self.head(h)
+        return torch.cat([torch.full_like(logits[..., :1], float("nan")), logits[..., 1:]], -1)
+
+
+def make():
+    torch.manual_seed(0)
+    return NanLeak()
+'''
+
+WORDS = ("the", "model", "reads", "every", "document", "of", "a", "corpus", "once", "and", "learns")
+
+
+def _doc(i: int) -> str:
+    return " ".join(WORDS[(i + k) % len(WORDS)] + str(k % 7) for k in range(60))
+
+
+class Workspace:
+    """Fresh input files for one row: good and bad ones, a tiny recipe, small run dirs."""
+
+    def __init__(self, root: Path, cache: Path) -> None:
+        self.root = root
+        root.mkdir()
+        p: dict[str, Path] = {}
+        inputs = p["inputs"] = root / "inputs"
+        inputs.mkdir()
+        p["out"] = root / "out"
+        p["out"].mkdir()
+        (p["out"] / "kept.jsonl").mkdir()  # a folder where `data filter` writes its kept file
+        docs = [json.dumps({"id": f"d{i}", "text": _doc(i)}) for i in range(12)]
+        p["good"] = _write(inputs / "good.jsonl", "\n".join(docs) + "\n")
+        p["good_link"] = inputs / "good-link.jsonl"
+        p["good_link"].symlink_to(p["good"])
+        _write(inputs / "x.clusters.jsonl", "\n".join(docs) + "\n")
+        _write(inputs / "y.rejected.jsonl", "\n".join(docs) + "\n")
+        p["surrogate"] = _write(
+            inputs / "surrogate.jsonl", docs[0] + '\n{"text": "bad \\ud800 text here"}\n'
+        )
+        p["fake_parquet"] = _write(inputs / "fake.parquet", "not a parquet file\n")
+        corpus = p["corpus"] = inputs / "corpus"
+        corpus.mkdir()
+        for i in range(20):
+            _write(corpus / f"doc{i:02d}.txt", _doc(i) + "\n")
+        p["afile"] = _write(inputs / "afile", "a file where a folder is expected\n")
+        p["bad_recipe"] = _write(inputs / "bad.yaml", b"name: bad\ndescription: caf\xe9\n")
+        recipe = {
+            "name": "matrix",
+            "data": {"source": str(corpus), "seq_len": 8, "val_fraction": 0.2},
+            "tokenizer": {"vocab_size": 260},
+            "model": {"n_layers": 1, "d_model": 16, "n_heads": 2},
+            "train": {"max_steps": 2, "batch_size": 2, "warmup_steps": 0, "threads": 1},
+            "preflight": {"enabled": False},
+        }
+        recipe["data"]["cache_dir"] = str(cache)
+        p["tiny"] = _write(inputs / "tiny.yaml", yaml.safe_dump(recipe))
+        runs = "params,tokens,loss\n" + "".join(
+            f"{n:g},{d:g},{1.7 + 400 / n**0.34 + 410 / d**0.28:.5f}\n"
+            for n in (1e6, 4e6, 1.6e7)
+            for d in (1e8, 4e8, 1.6e9)
+        )
+        p["runs_csv"] = _write(inputs / "runs.csv", runs)
+        p["bad_csv"] = _write(inputs / "bad.csv", b"params,tokens,loss\n1e6,1e8,3.\xff\n")
+        p["metrics_bad_jsonl"] = _write(
+            inputs / "metrics-bad.jsonl",
+            b'{"step": 1, "loss": 2.0, "note": "\xff"}\n{"step": 2, "loss": 1.9}\n',
+        )
+        p["metrics_bad_csv"] = _write(inputs / "metrics-bad.csv", b"step,loss\n1,2.\xff\n")
+        p["spec_bad"] = _write(inputs / "spec-bad.yaml", b"name: s\ndescription: \xe9\ntasks: []\n")
+        _write(inputs / "regex.jsonl", json.dumps({"prompt": "2+2=", "answer": "(4"}) + "\n")
+        spec = {"name": "r", "tasks": [{"name": "t", "type": "generation", "data": "regex.jsonl"}]}
+        spec["tasks"][0]["match"] = "regex"
+        p["spec_regex"] = _write(inputs / "spec-regex.yaml", yaml.safe_dump(spec))
+        _write(inputs / "bad-data.jsonl", b'{"prompt": "caf\xe9", "answer": "x"}\n')
+        spec["tasks"][0].update(data="bad-data.jsonl", match="exact")
+        p["spec_bad_data"] = _write(inputs / "spec-bad-data.yaml", yaml.safe_dump(spec))
+        models = p["models"] = inputs / "models"
+        models.mkdir()
+        _write(models / "nanleak.py", NAN_LEAK_MODEL)
+        p["tokenizer"] = _tokenizer(inputs / "tokenizer.json")
+        p["not_prepared"] = inputs / "not-prepared"
+        p["not_prepared"].mkdir()
+        _write(p["not_prepared"] / "notes.txt", "my own folder, not prepared data\n")
+        p["empty_run"] = inputs / "empty-run"
+        p["empty_run"].mkdir()
+        metrics = "".join(
+            json.dumps({"kind": "step", "step": s, "loss": 3.0 - s / 10, "grad_norm": 1.0}) + "\n"
+            for s in range(1, 6)
+        )
+        for name in ("run_ok", "ro_run", "run_html_dir", "run_bad_recipe", "run_bad_metrics"):
+            run = p[name] = root / name.replace("_", "-")
+            run.mkdir()
+            _write(run / "metrics.jsonl", metrics)
+            _write(run / "recipe.yaml", yaml.safe_dump(recipe))
+        (p["run_html_dir"] / "report.html").mkdir()
+        _write(p["run_bad_recipe"] / "recipe.yaml", b"name: matrix\ndescription: caf\xe9\n")
+        _write(
+            p["run_bad_metrics"] / "metrics.jsonl", b'{"kind": "step", "step": 1, "x": "\xff"}\n'
+        )
+        p["ro"] = root / "ro"
+        p["ro"].mkdir()
+        self.paths = p
+
+    def format(self, arg: str) -> str:
+        return arg.format(**{k: str(v) for k, v in self.paths.items()})
+
+    def snapshot(self) -> dict[str, str]:
+        """{relative path: sha256} of every file and symlink (bytecode caches aside)."""
+        out = {}
+        for path in sorted(self.root.rglob("*")):
+            rel = path.relative_to(self.root).as_posix()
+            if "__pycache__" in rel or (path.is_dir() and not path.is_symlink()):
+                continue
+            data = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+            out[rel] = hashlib.sha256(data).hexdigest()
+        return out
+
+    def folders(self) -> set[str]:
+        return {
+            p.relative_to(self.root).as_posix()
+            for p in self.root.rglob("*")
+            if p.is_dir() and not p.is_symlink() and "__pycache__" not in p.parts
+        }
+
+
+def _write(path: Path, data: str | bytes) -> Path:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.write_bytes(data)
+    return path
+
+
+@functools.cache
+def _tokenizer_json() -> str:
+    from trainguard.data.tokenizer import train_tokenizer
+
+    return train_tokenizer((_doc(i) for i in range(20)), 300, 2).to_str()
+
+
+def _tokenizer(path: Path) -> Path:
+    return _write(path, _tokenizer_json())
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _readonly(folder: Path) -> Iterator[None]:
+    """`folder` refuses new files: chmod for users, the immutable flag for root (who ignores
+    permissions). Skips the row where neither works (e.g. no chattr on this system)."""
+    if os.geteuid() == 0:
+        done = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+        undo = ["chattr", "-i", str(folder)]
+    else:
+        folder.chmod(0o555)
+        done, undo = True, None
+    try:
+        probe = folder / ".probe"
+        try:
+            probe.write_bytes(b"")
+        except OSError:
+            pass
+        else:
+            probe.unlink()
+            done = False
+        if not done:
+            pytest.skip(f"cannot make {folder} read-only here")
+        yield
+    finally:
+        if undo:
+            subprocess.run(undo, capture_output=True)
+        folder.chmod(0o755)
+
+
+@contextlib.contextmanager
+def _disk_full(limit: int = 1024) -> Iterator[None]:
+    """A real kernel limit: writes past `limit` bytes fail with EFBIG, as a full disk fails
+    with ENOSPC. Only the soft limit moves, so it is restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("the file size limit needs the main thread (SIGXFSZ)")
+    import matplotlib.pyplot  # noqa: F401  (its font cache is written on first import)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
+    with open(run_dir / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _fault(row: Row, ws: Workspace, monkeypatch: pytest.MonkeyPatch):
+    if row.fault == "readonly":
+        target = ws.paths["ro_run"] if "{ro_run}" in row.args else ws.paths["ro"]
+        return _readonly(target)
+    if row.fault == "disk_full":
+        return _disk_full()
+    if row.fault == "locked":
+        return _locked(ws.paths["run_ok"])
+    if row.fault == "no_credentials":
+        for var in list(os.environ):
+            if var.startswith("AWS_"):
+                monkeypatch.delenv(var)
+        missing = str(ws.root / "no-aws-config")
+        monkeypatch.setenv("AWS_CONFIG_FILE", missing)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", missing)
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no metadata-server lookups
+        return contextlib.nullcontext()
+    assert row.fault is None, row.fault
+    return contextlib.nullcontext()
+
+
+# --- the test --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("matrix-cache")
+
+
+@pytest.mark.parametrize("case", [r.param() for r in ROWS])
+def test_bad_input(
+    case: Row, tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert case.says, "every row names the words its message must contain"
+    ws = Workspace(tmp_path / "ws", data_cache)
+    before, folders = ws.snapshot(), ws.folders()
+    args = [ws.format(a) for a in case.args]
+    monkeypatch.chdir(ws.root)  # a default output path (runs/NAME) lands where it is seen
+    with _fault(case, ws, monkeypatch):
+        res = CliRunner().invoke(app, args)
+    output = " ".join(res.output.split())
+    assert res.exception is None or isinstance(res.exception, SystemExit), (
+        f"traceback: {res.exception!r}\n{output}"
+    )
+    assert "Traceback" not in res.output, output
+    assert res.exit_code == case.exit, output
+    for words in map(ws.format, case.says):
+        assert words.lower() in output.lower(), f"{words!r} not in: {output}"
+    for words in case.never_says:
+        assert words.lower() not in output.lower(), f"{words!r} in: {output}"
+    after = ws.snapshot()
+    changed = [k for k, v in before.items() if after.get(k) != v]
+    assert not changed, f"inputs changed or removed: {changed}"
+    created = [
+        k
+        for k in sorted(set(after) | (ws.folders() - folders))
+        if k not in before
+        and k not in folders
+        and not any(fnmatch.fnmatch(k, g) for g in case.may_create)
+    ]
+    assert not created, f"written despite the error: {created}"
+
+
+def test_every_command_has_a_row() -> None:
+    """Every command `trainguard --help` lists (and every subcommand) is in the table."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+
+    def names(cmd, prefix=()) -> set[tuple[str, ...]]:
+        subs = getattr(cmd, "commands", None)
+        if not subs:
+            return {prefix}
+        out = set()
+        for name, sub in subs.items():
+            out |= names(sub, (*prefix, name))
+        return out
+
+    commands = names(group)
+    covered = set()
+    for r in ROWS:
+        for n in range(1, 4):
+            covered.add(tuple(r.args[:n]))
+        if r.args[0] == "eval" and r.args[1] != "lint":
+            covered.add(("eval", "run"))  # `eval PATH` is `eval run PATH`
+    missing = sorted(" ".join(c) for c in commands if c not in covered)
+    assert not missing, f"commands without a bad-input row: {missing}"
+
+
+def test_readonly_fault_really_refuses_writes(tmp_path: Path) -> None:
+    """The harness itself: the read-only folder refuses a file, and is writable afterwards."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    with _readonly(folder), pytest.raises(OSError) as e:
+        (folder / "x").write_bytes(b"x")
+    assert e.value.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+    (folder / "x").write_bytes(b"x")
