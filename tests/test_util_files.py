@@ -80,6 +80,9 @@ def test_atomic_paths_commit_together_or_not_at_all(tmp_path: Path) -> None:
         raise RuntimeError("the writer failed")
     assert (a.read_text(), b.read_text()) == ("new a", "new b")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a.txt", "b.png", "sub"]
+    with pytest.raises(RuntimeError), atomic_paths(tmp_path / "new" / "deeper" / "c.txt"):
+        raise RuntimeError("failed before anything was written")
+    assert not (tmp_path / "new").exists()  # the folders it made are gone again
 
 
 def test_a_write_failure_names_the_path_and_exits_1(tmp_path: Path) -> None:

@@ -115,12 +115,15 @@ def atomic_paths(*targets: str | Path) -> Iterator[list[Path]]:
     """
     paths = [Path(t) for t in targets]
     pairs: list[tuple[Path, Path]] = []
+    made: list[Path] = []  # folders created here, removed again (when empty) on failure
     current = paths[0] if paths else None
+    committed = False
     try:
         for target in paths:
             current = target
             if target.is_dir():
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
+            made += reversed([d for d in (target.parent, *target.parent.parents) if not d.exists()])
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(
                 dir=target.parent, prefix=f".{target.name}.tmp-", suffix=target.suffix
@@ -135,6 +138,7 @@ def atomic_paths(*targets: str | Path) -> Iterator[list[Path]]:
                 os.fsync(f.fileno())
         for tmp, target in pairs:
             os.replace(tmp, target)
+        committed = True
         for folder in {target.parent for _, target in pairs}:
             fsync_dir(folder)
     except OSError as e:
@@ -146,6 +150,10 @@ def atomic_paths(*targets: str | Path) -> Iterator[list[Path]]:
         for tmp, _ in pairs:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+        if not committed:
+            for folder in reversed(made):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
