@@ -113,6 +113,12 @@ def test_check_writable_fails_early_and_creates_nothing(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     with pytest.raises(OutputWriteError, match="Not a directory"):
         check_writable(tmp_path / "f" / "out.json")
+    # a folder output (scale run --out): an existing folder is fine, a file in its place is not
+    check_writable(tmp_path, folder=True)
+    check_writable(tmp_path / "new-folder", folder=True)
+    with pytest.raises(OutputWriteError, match="f: Not a directory"):
+        check_writable(tmp_path / "f", folder=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
 
 def test_read_text_says_what_is_wrong(tmp_path: Path) -> None:

@@ -157,7 +157,7 @@ def dedup_file_spark(
     clusters_path = clusters_path or default_clusters_path(Path(out_path))
     io.check_output(out_path, fmt, in_path, clusters_path, folder_ok=True)
     if not is_url(out_path):
-        check_writable(Path(out_path) / "_SUCCESS")  # before Spark starts, not after the work
+        check_writable(out_path, folder=True)  # before Spark starts, not after the work
     spark = spark or get_spark(master)
     sc = spark.sparkContext
     t0 = time.perf_counter()

@@ -120,7 +120,7 @@ def run_grid(
     refuse_overwrite({"--csv": csv_path, "--out": out_dir}, {"RECIPE": recipe_file})
     check_writable(csv_path)
     done_cells(csv_path)  # a CSV that cannot take the rows fails now; read again under the lock
-    check_writable(out_dir / cell_name(cells[0]))
+    check_writable(out_dir, folder=True)
     recipes = [
         load_recipe(recipe, [*(overrides or []), *(f"{k}={v}" for k, v in c.items())])
         for c in cells

@@ -69,17 +69,25 @@ def write_failure(path: str | Path, exc: OSError) -> OutputWriteError:
     return OutputWriteError(f"cannot write {path}: {reason}; nothing was written there", fix)
 
 
-def check_writable(path: str | Path) -> Path:
-    """Fail now, before any expensive work, if `path` clearly cannot be written.
+def check_writable(path: str | Path, *, folder: bool = False) -> Path:
+    """Fail now, before any expensive work, if the file (or with `folder`, the folder) `path`
+    clearly cannot be written.
 
     Catches a folder where the file goes, a file where a folder goes, and a folder that refuses
     new files (read-only, immutable). Creates nothing: the probe file is removed again. A disk
     that fills up later is still caught by the write itself.
     """
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not folder:
         raise write_failure(path, IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
-    folder = path.parent
+    if folder and path.exists() and not path.is_dir():
+        raise write_failure(path, NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)))
+    return _probe(path, path if folder and path.is_dir() else path.parent)
+
+
+def _probe(path: Path, folder: Path) -> Path:
+    """Create and remove a file in `folder` (or its nearest existing ancestor); errors name
+    `path`, the output the user gave."""
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir():
