@@ -417,6 +417,11 @@ ROWS = [
         says=("missing.yaml",),
         marks=(XFAIL_TRUST_RUN,),
     ),
+    # --- doctor ---------------------------------------------------------------------------
+    row("doctor-recipe-not-utf8", "doctor", "{bad_recipe}", says=("UTF-8",)),
+    row("doctor-seed-negative", "doctor", "{tiny}", "--set", "train.seed=-1", says=("train.seed",)),
+    row("doctor-unknown-fault", "doctor", "{tiny}", "--inject", "bogus/r1", says=("--inject",)),
+    row("doctor-nproc-zero", "doctor", "{tiny}", "--nproc", "0", says=("--nproc",)),
     # --- eval -----------------------------------------------------------------------------
     row("eval-device-foo", "eval", "{empty_run}", "--device", "foo", says=("--device",)),
     row("eval-spec-not-utf8", "eval", "{empty_run}", "--spec", "{spec_bad}", says=("UTF-8",)),

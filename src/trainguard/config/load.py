@@ -38,26 +38,35 @@ def shipped_recipes() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def _read_recipe_file(name_or_path: str) -> tuple[dict[str, Any], str]:
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        fix = f"give a path to a YAML recipe or one of the shipped names: {shipped_recipes()}"
-        text, origin = read_text(path, "recipe file", fix, ConfigError), str(path)
-    else:
-        resource = resources.files("trainguard") / "recipes" / f"{name_or_path}.yaml"
-        if not resource.is_file():
-            raise ConfigError(
-                f"unknown recipe {name_or_path!r}",
-                f"use one of the shipped recipes {shipped_recipes()} or a path to a .yaml file",
-            )
-        text, origin = resource.read_text(encoding="utf-8"), f"shipped recipe {name_or_path}"
+def read_recipe_yaml(
+    path: str | Path, what: str = "recipe file", fix: str = "", *, text: str | None = None
+) -> dict[str, Any]:
+    """A recipe file (or its `text`) as a raw dict; ConfigError (exit 2) naming what is wrong:
+    missing, a folder, not UTF-8, not YAML, not a mapping."""
+    fix = fix or f"give a path to a YAML recipe or one of the shipped names: {shipped_recipes()}"
+    if text is None:
+        text = read_text(path, what, fix, ConfigError)
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{origin} is not valid YAML: {e}", "fix the YAML syntax") from e
+        raise ConfigError(f"{what} {path} is not valid YAML: {e}", fix) from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{origin} must be a mapping of sections", "see docs/recipes.md")
-    return raw, origin
+        raise ConfigError(f"{what} {path} must be a mapping of sections (see docs/recipes.md)", fix)
+    return raw
+
+
+def _read_recipe_file(name_or_path: str) -> tuple[dict[str, Any], str]:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return read_recipe_yaml(path), str(path)
+    resource = resources.files("trainguard") / "recipes" / f"{name_or_path}.yaml"
+    if not resource.is_file():
+        raise ConfigError(
+            f"unknown recipe {name_or_path!r}",
+            f"use one of the shipped recipes {shipped_recipes()} or a path to a .yaml file",
+        )
+    origin, text = f"shipped recipe {name_or_path}", resource.read_text(encoding="utf-8")
+    return read_recipe_yaml(name_or_path, "shipped recipe", text=text), origin
 
 
 def _field_names(model: type[BaseModel]) -> list[str]:

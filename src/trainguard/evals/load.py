@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from safetensors.torch import load_model
 
 from trainguard.checkpoint.inventory import load_error_words, unloadable
@@ -47,7 +46,7 @@ def _find_up(start: Path, name: str, levels: int = 3) -> Path | None:
 def open_for_eval(target: str | Path, device: str | torch.device = "cpu") -> EvalTarget:
     """The recipe's model with the weights of the newest usable checkpoint of a run dir, or of
     one checkpoint folder, in eval mode; BadInputError if the recipe or tokenizer is missing."""
-    from trainguard.config.load import validate_recipe
+    from trainguard.config.load import read_recipe_yaml, validate_recipe
     from trainguard.data.tokenizer import load_tokenizer
     from trainguard.model.gpt import GPT
 
@@ -62,7 +61,8 @@ def open_for_eval(target: str | Path, device: str | torch.device = "cpu") -> Eva
             f"no {missing} in {target} or the run dir above it",
             "evaluate a checkpoint inside its run dir (trainguard writes both there)",
         )
-    raw = yaml.safe_load(recipe_path.read_text(encoding="utf-8")) or {}
+    fix = "restore the run's recipe.yaml (trainguard wrote it when the run started)"
+    raw = read_recipe_yaml(recipe_path, "the run's recipe", fix)
     recipe = validate_recipe(raw, str(recipe_path))
     tokenizer = load_tokenizer(tok_path)
     model = GPT(recipe.model, vocab_size=tokenizer.get_vocab_size(), seq_len=recipe.data.seq_len)

@@ -23,17 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from trainguard.config.load import RESUMABLE_KEYS, recipe_diff
-from trainguard.errors import (
-    BadInputError,
-    ResumeMismatchError,
-    RunDirBusyError,
-    StorageError,
-    TrainguardError,
-)
+from trainguard.config.load import RESUMABLE_KEYS, read_recipe_yaml, recipe_diff
+from trainguard.errors import ResumeMismatchError, RunDirBusyError, StorageError, TrainguardError
 from trainguard.monitors.watchdog import remove_unused_backstops
 from trainguard.util.atomic import atomic_write_text
-from trainguard.util.inputs import read_text
 from trainguard.util.runlock import HOLDER_ENV, LOCK_FILE, FolderLock, held_by
 
 if TYPE_CHECKING:
@@ -117,7 +110,7 @@ def check_resume_recipe(run_dir: Path, recipe: dict[str, Any]) -> bool:
 
 
 def read_run_recipe(run_dir: Path) -> dict[str, Any]:
-    """RUN_DIR/recipe.yaml as a dict ({} when absent); BadInputError when it is damaged."""
+    """RUN_DIR/recipe.yaml as a dict ({} when absent); ConfigError (exit 2) when damaged."""
     path = run_dir / RECIPE_FILE
     if not path.exists():
         return {}
@@ -125,14 +118,7 @@ def read_run_recipe(run_dir: Path) -> dict[str, Any]:
         f"restore {path} (trainguard wrote it when the run started), or start a new run "
         "with --run-dir NEW_DIR"
     )
-    text = read_text(path, "the run's recipe", fix)
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise BadInputError(f"the run's recipe {path} is not valid YAML: {e}", fix) from None
-    if not isinstance(raw, dict):
-        raise BadInputError(f"the run's recipe {path} is not a mapping of sections", fix)
-    return raw
+    return read_recipe_yaml(path, "the run's recipe", fix)
 
 
 def write_recipe(run_dir: Path, recipe: dict[str, Any]) -> None:
