@@ -362,3 +362,26 @@ def test_missing_backend_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "trainguard[s3]" in e.value.fix and "s3://bucket/run" in e.value.message
     with pytest.raises(BadInputError, match="unknown|not installed|Protocol"):
         CheckpointStore("nosuchproto://bucket/run")
+
+
+def test_a_store_that_does_not_answer_is_a_storage_error_before_any_work(tmp_path: Path) -> None:
+    """run's first listing (probe_store): an endpoint nobody listens on is a StorageError
+    naming the root (exit 2), not a botocore traceback after the data was prepared."""
+    import socket
+
+    from trainguard.errors import exit_status_for
+    from trainguard.train.shared_store import SharedStore, probe_store
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing answers there
+    url = f"s3://bucket-{uuid.uuid4().hex[:8]}/run"
+    store = CheckpointStore(
+        url,
+        cache_dir=str(tmp_path / "c"),
+        storage_options=storage_options(f"http://127.0.0.1:{port}"),
+        retry=RetryPolicy(attempts=1, base_delay_s=0.0, stagger_s=0.0),
+    )
+    with pytest.raises(StorageError, match=f"cannot list the checkpoint store {url}") as e:
+        probe_store(SharedStore(store, dist=None), url)
+    assert exit_status_for(e.value) == 2 and "trainguard doctor" in e.value.fix

@@ -35,7 +35,7 @@ from trainguard.train.multiproc import MultiProcessGuards
 from trainguard.train.optim import build_optimizer
 from trainguard.train.outcome import RunResult, close_session, report_hang
 from trainguard.train.restore import Chosen, choose_checkpoint, refuse_if_none_usable, start_fresh
-from trainguard.train.shared_store import checkpoint_root, open_store
+from trainguard.train.shared_store import checkpoint_root, open_store, probe_store
 from trainguard.train.state import TrainerState, write_checkpoint_files
 from trainguard.train.state_load import apply_checkpoint
 
@@ -105,12 +105,10 @@ class RunSession:
             self.dist.barrier()
             self.record(moved)
         rundir.check_resume_recipe(self.run_dir, self.recipe_dict)
-        # The store first, with one listing: a bucket without credentials or a wrong endpoint
-        # is bad input found in a second, not after preparing data and building the model.
-        self.store = open_store(self.recipe, self.run_dir, self.dist)
-        self.store.steps()
         if self.recipe.preflight.doctor:  # first: a bad node is found before anything is spent
             self.preflight(doctor=True)
+        self.store = open_store(self.recipe, self.run_dir, self.dist)
+        probe_store(self.store, checkpoint_root(self.recipe, self.run_dir))
         set_determinism(self.recipe)
         self.data = prepare_data(
             self.recipe.data, self.recipe.tokenizer, progress=self.progress_enabled and self.is_main

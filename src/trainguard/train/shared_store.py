@@ -13,11 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoint.failures import describe
 from trainguard.checkpoint.fsurl import default_cache_dir
 from trainguard.checkpoint.results import LoadedCheckpoint
 from trainguard.checkpoint.store import CheckpointStore, _is_url
 from trainguard.config.schema import Recipe
-from trainguard.errors import CorruptError
+from trainguard.errors import CorruptError, StorageError, TrainguardError
 from trainguard.findings import Finding, has_errors
 from trainguard.train.distributed import Dist
 
@@ -81,3 +82,19 @@ def open_store(recipe: Recipe, run_dir: Path, dist: Dist) -> SharedStore:
         cache_dir=cache_dir,
     )
     return SharedStore(store, dist)
+
+
+def probe_store(store: SharedStore, root: str) -> None:
+    """List the store once, before data preparation: a bucket without credentials is bad input
+    (exit 2), an endpoint that does not answer a StorageError naming the root, found in
+    seconds rather than after the data is prepared and the model built."""
+    try:
+        store.steps()
+    except TrainguardError:
+        raise
+    except Exception as e:
+        raise StorageError(
+            f"cannot list the checkpoint store {root}: {describe(e)}",
+            "check checkpoint.dir, its endpoint and the network (`trainguard doctor` tests the "
+            "store), or use a local checkpoint.dir",
+        ) from None
