@@ -129,3 +129,42 @@ def test_reasons_one_per_code():
     flags = apply_rules(PLANTED["D240"])
     assert len(flags) == 2
     assert [r["code"] for r in reasons(flags)] == ["D240"]
+
+
+@pytest.mark.parametrize(
+    "mention, span",
+    [
+        (" The totals are in table one.", "table one"),
+        (" For the split, see figure three.", "figure three"),
+        (" As Table Two shows, the cosine schedule wins.", "Table Two"),
+        (" In figure four, we plot the loss.", "figure four"),
+        (" The loss (Figure Eleven) keeps falling.", "Figure Eleven"),
+        (" See Table IV for the totals.", "Table IV"),
+    ],
+)
+def test_spelled_out_and_roman_numbers_are_dangling_references(mention, span):
+    text = CLEAN + mention
+    flags = [f for f in apply_rules(text) if f.code == "D240"]
+    assert [text[f.start : f.end] for f in flags] == [span]
+
+
+@pytest.mark.parametrize(
+    "prose",
+    [
+        " She laid one table for the guests and admired the figure on the mantelpiece.",
+        " The figure in the doorway was gone, and the table was set for one.",
+        " At the meeting they voted to table one motion and figure two things out later.",
+        " A table of ten and a figure of speech are different things.",
+    ],
+)
+def test_prose_with_tables_and_figures_but_no_reference_passes(prose):
+    assert codes(CLEAN + prose) == set()
+
+
+def test_spelled_out_mention_is_covered_by_its_caption_in_any_notation():
+    # The same table written three ways: digits in the caption, words and roman in the prose.
+    caption = "\n\nTable 4: totals per schedule.\n\nFigure Three. The loss curves.\n"
+    text = CLEAN + " See table four and Table IV; figure three shows the loss." + caption
+    assert codes(text) == set()
+    # A caption for a different number does not cover the mention.
+    assert codes(CLEAN + " See table five." + caption) == {"D240"}

@@ -167,14 +167,17 @@ register(
         code="D240",
         title="Dangling table or figure reference",
         severity="warning",
-        catches="A mention such as 'see Table 2' or 'Fig. 3' where the document holds no such "
-        "table or figure: no caption line ('Table 2:') and, for tables, no table block "
-        "(markdown pipes or ASCII rules); for figures, no image.",
+        catches="A mention such as 'see Table 2', 'Table IV', 'table one' or 'see figure three' "
+        "where the document holds no such table or figure: no caption line ('Table 2:', in "
+        "any notation of the number) and, for tables, no table block (markdown pipes or ASCII "
+        "rules); for figures, no image.",
         why="Preprocessing stripped the table or figure but kept the prose that refers to it; "
         "the model learns to cite content that is not there.",
         fix="Keep tables and captions during extraction (or render them as text), or drop the "
         "document.",
         false_positives="References to tables and figures of other documents ('Table 2 of "
-        "[12]'), and captions in a format the rule does not recognise.",
+        "[12]'), and captions in a format the rule does not recognise. 'table' and 'figure' "
+        "used as verbs before a spelled-out number count only when the number ends the phrase "
+        "('we figure two.'); 'figure two things out' passes.",
     ),
 )
