@@ -19,28 +19,13 @@ import re
 
 from trainguard.filters.base import Doc, FilterConfig, Flag
 
-_WORDS = [
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
+# fmt: off
+_WORDS = (
+    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+    "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
     "twenty",
-]
+)
+# fmt: on
 _WORD_VALUE = {w: i for i, w in enumerate(_WORDS, start=1)}
 _ROMAN = {"I": 1, "V": 5, "X": 10, "L": 50}
 _NUM = rf"(?P<num>\d+|[IVXL]+|{'|'.join(sorted(_WORDS, key=len, reverse=True))})(?![\w])"
