@@ -200,3 +200,58 @@ def test_invalid_regex_answer_is_a_lint_error_and_refused_by_eval(tmp_path, tok)
     res = CliRunner().invoke(app, ["eval", str(tmp_path), "--spec", str(path)])
     assert res.exit_code == 2 and "example 0" in res.output, res.output
     assert "not a valid regular expression" in " ".join(res.output.split())
+
+
+def _space_token_tokenizer():
+    """A tokenizer that keeps every space a token of its own (digits-and-spaces tokenizers such
+    as Falcon's do this for some text): there a prompt *needs* its trailing space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(" ", behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    t.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=[EOT], initial_alphabet=alphabet, show_progress=False
+    )
+    t.train_from_iterator([CORPUS], trainer)
+    return t
+
+
+TRAILING = [{"prompt": "the answer is ", "answer": "paris"}]
+
+
+def test_trailing_space_prompt_follows_the_tokenizer(tmp_path, tok):
+    spec = _spec(tmp_path, TRAILING, "generation", name="g")
+    # GPT-2 style byte-level BPE: running text has " paris" as one token, so the prompt's space
+    # is a trap; the finding says which form the model saw.
+    (trap,) = lint_spec(spec, tok)
+    assert (trap.code, trap.severity) == ("E111", "error")
+    assert trap.data["seen_in_training"] == " paris"
+    assert "' paris'" in trap.message
+    # A tokenizer that keeps the space as its own token saw "is", " ", "paris": the prompt
+    # needs the space, and the lint stays quiet (the Falcon case).
+    space_tok = _space_token_tokenizer()
+    prompt_tokens = space_tok.encode("the answer is ").tokens
+    assert prompt_tokens[-1] == "Ġ"
+    assert space_tok.encode("the answer is paris").tokens[: len(prompt_tokens)] == prompt_tokens
+    assert lint_spec(spec, space_tok) == []
+    # A double space stays a trap for every tokenizer.
+    double = _spec(tmp_path, [{"context": "is ", "choices": [" a", " b"], "gold": 0}], name="d")
+    assert [(f.code, f.severity) for f in lint_spec(double, space_tok)] == [("E111", "error")]
+
+
+def test_trailing_space_without_tokenizer_is_a_warning(tmp_path):
+    spec = _spec(tmp_path, TRAILING, "generation", name="g")
+    (finding,) = lint_spec(spec, None)
+    assert (finding.code, finding.severity) == ("E111", "warning")
+    assert "--tokenizer" in finding.message
+    assert lint_spec(_spec(tmp_path, CLEAN_GEN, "generation", name="c"), None) == []
+    res = CliRunner().invoke(app, ["eval", "lint", str(spec), "--json"])
+    assert res.exit_code == 0, res.output  # a warning: exit 0
+    assert [f["severity"] for f in json.loads(res.stdout)["findings"]] == ["warning"]

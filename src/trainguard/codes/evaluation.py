@@ -27,13 +27,25 @@ register(
         code="E111",
         title="trailing-space trap in an eval template",
         severity="error",
-        catches="A context that ends in whitespace while its continuation begins with whitespace.",
-        why="The model then scores a double space (or a space token it never sees before a word "
-        "in training), so log-likelihoods and generations degrade into garbage.",
-        fix="Put the separating whitespace on one side only, by convention at the start of the "
-        "continuation: context 'Answer:' with continuation ' Paris'.",
+        catches="A context that ends in whitespace while its continuation begins with whitespace; "
+        "a generation prompt ending in whitespace where, with the tokenizer, running text "
+        "(prompt + answer) carries the space inside the answer's first token (' Paris'). With "
+        "a tokenizer that keeps the space as its own token the prompt needs it, and nothing is "
+        "reported. Without a tokenizer a trailing space is a warning: the lint cannot tell.",
+        why="The model then scores a double space, or must produce 'Paris' without the leading "
+        "space it always saw after such a prefix, so log-likelihoods and generations degrade "
+        "into garbage. The Falcon case shows the reverse: a tokenizer that splits the space off "
+        "needs the prompt to end in it.",
+        fix="Put the separating whitespace on one side only, where the tokenizer puts it: for "
+        "GPT-2 style byte-level BPE at the start of the continuation ('Answer:' + ' Paris'); "
+        "lint with --tokenizer to see which form the model saw in training. `trainguard run` "
+        "reports it as a warning and never stops on it alone.",
         false_positives="Tasks that really are about whitespace (formatters, indentation).",
-        references=(_LM_EVAL,),
+        references=(
+            _LM_EVAL,
+            "Hugging Face Open LLM Leaderboard, 'What's going on with the Open LLM Leaderboard?' "
+            "(2023): Falcon's scores depended on the prompt's trailing space",
+        ),
     ),
     Code(
         code="E112",

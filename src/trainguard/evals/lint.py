@@ -2,8 +2,12 @@
 
 With the recipe's tokenizer (the tokens the runner will score):
 - E111 trailing-space trap: a context ending in whitespace whose continuation begins with
-  whitespace; for generation, a prompt ending in a space or tab (the model would have to
-  produce a word without the leading space it always saw);
+  whitespace; for generation, a prompt ending in a space or tab, judged by the tokenizer: in
+  running text (prompt + answer) the model saw either the space as its own token before the
+  answer (then the prompt needs it: the Falcon case) or the space inside the answer's first
+  token (" Paris"; then the prompt's space leaves the model to produce "Paris" without it, a
+  form it rarely saw). Only the second is a trap (error). Without a tokenizer the lint cannot
+  tell, so a trailing space is a warning;
 - E112 token boundary mismatch: encode(context) + encode(continuation) !=
   encode(context + continuation);
 - E113 / E114 document-start token (BOS) missing or doubled;
@@ -35,6 +39,7 @@ class _Collector:
         self.hits: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
 
     def add(self, code: str, index: int, detail: str, **data: Any) -> None:
+        """`data` may hold `severity` to override the code's default for this hit."""
         hits = self.hits.setdefault(code, [])
         if not hits or hits[-1][0] != index:  # count examples, not choices
             hits.append((index, detail, data))
@@ -43,6 +48,8 @@ class _Collector:
         out = []
         for code, hits in sorted(self.hits.items()):
             index, detail, data = hits[0]
+            data = dict(data)
+            severity = data.pop("severity", None)
             more = f" (and {len(hits) - 1} more examples)" if len(hits) > 1 else ""
             out.append(
                 Finding.of(
@@ -51,6 +58,7 @@ class _Collector:
                     where=where,
                     metric=self.task.name,
                     data={"examples": len(hits), "first": index, **data},
+                    **({"severity": severity} if severity else {}),
                 )
             )
         return out
@@ -62,6 +70,45 @@ def _pairs(task: TaskSpec, row: dict[str, Any]) -> list[tuple[str, str]]:
     if task.type == "generation":
         return [(row["prompt"], row["answer"])]
     return []
+
+
+def _trailing_space(col: _Collector, i: int, prompt: str, answer: str, tok) -> bool:
+    """E111 for a generation prompt ending in whitespace; True when it is reported.
+
+    The test: are the prompt's tokens exactly the tokens running text (prompt + answer) has
+    before the answer? Then the model saw this very prefix in training and the space is right.
+    Otherwise the space belongs to the answer's first token in running text.
+    """
+    tail = prompt[-20:]
+    if tok is None:
+        col.add(
+            "E111",
+            i,
+            f"prompt ends in whitespace: {tail!r}; without the tokenizer the lint cannot tell "
+            "whether the model saw the space as its own token (then the prompt needs it) or "
+            "inside the answer's first token (a trap): pass --tokenizer",
+            severity="warning",
+        )
+        return True
+    if not answer:
+        return False  # nothing to continue with: E115 reports the empty answer
+    p = tok.encode(prompt, add_special_tokens=False).ids
+    joint = tok.encode(prompt + answer, add_special_tokens=False)
+    if len(joint.ids) > len(p) and joint.ids[: len(p)] == p:
+        return False  # the space is its own token in running text: the prompt needs it
+    # Where running text departs from the prompt's tokens: the token that swallowed the space.
+    common = min(len(p), len(joint.ids))
+    k = next((j for j in range(common) if p[j] != joint.ids[j]), common - 1)
+    seen = tok.decode([joint.ids[k]])
+    col.add(
+        "E111",
+        i,
+        f"prompt ends in whitespace: {tail!r}; in running text the model saw {seen!r} (the "
+        "space inside the answer's first token), so after this prompt it would have to "
+        f"produce {seen.lstrip()!r} without its space: end the prompt before the space",
+        seen_in_training=seen,
+    )
+    return True
 
 
 def _lint_row(col: _Collector, task: TaskSpec, i: int, row: dict[str, Any], tok, bos) -> None:
@@ -83,8 +130,7 @@ def _lint_row(col: _Collector, task: TaskSpec, i: int, row: dict[str, Any], tok,
         if problem:
             col.add("E118", i, problem)
         if row["prompt"][-1:] in (" ", "\t"):
-            col.add("E111", i, f"prompt ends in whitespace: {row['prompt'][-20:]!r}")
-            trapped = True  # the trap is also why its boundary mismatches: one finding
+            trapped = _trailing_space(col, i, row["prompt"], row["answer"], tok)
     elif not row["text"]:
         col.add("E115", i, "the text is empty")
     for context, cont in [] if trapped else _pairs(task, row):

@@ -5,6 +5,7 @@ flag a run that leaves the loss band a scaling-law fit predicted for it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from trainguard.evals.config import require_use_case_eval
@@ -50,9 +51,15 @@ class RunEvals:
         from trainguard.evals.lint import lint_specs
 
         s = self.session
-        return lint_specs(
+        found = lint_specs(
             self.cfg.specs, s.data.tokenizer, data=s.recipe.data, max_examples=self.cfg.max_examples
         )
+        # The trailing-space trap costs eval accuracy, not training compute: it is reported, but
+        # never stops a run on its own (fix the spec and re-run the evals).
+        return [
+            replace(f, severity="warning") if f.code == "E111" and f.severity == "error" else f
+            for f in found
+        ]
 
     def maybe_run(self, step: int, final: bool = False) -> None:
         """Run the evals if due at `step`; the row goes to the metric log, findings recorded."""
