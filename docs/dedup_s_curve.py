@@ -1,9 +1,10 @@
 """Draw docs/dedup_s_curve.png: probability that a pair is merged against its Jaccard similarity.
 
 Three curves for the default setting (14 bands of 8 rows, threshold 0.8): the LSH S-curve
-1 - (1 - s^8)^14 (the pair becomes a candidate), the verification probability
-P(Binomial(112, s) >= 90) (its signature estimate reaches the threshold), and their product; dots
-are the measured rate at which trainguard's local engine merged planted pairs.
+1 - (1 - s^8)^14 (the pair becomes a candidate), the verification probability (the signatures
+agree in at least `accept_equal` positions, or they agree in `reject_equal` or more and the exact
+Jaccard similarity s is at least the threshold), and their product; dots are the measured rate at
+which trainguard's local engine merged planted pairs.
 
     .venv/bin/python docs/dedup_s_curve.py [--pairs 60]
 """
@@ -35,11 +36,21 @@ def measured(params: DedupParams, sims: np.ndarray, pairs: int) -> tuple[list[fl
             b = g.near(a, float(s))
             texts += [a, b]
             true.append(jaccard(a, b))
-        _, exact_rep, near_root, *_ = dedup_texts([(texts, [None] * len(texts))], params)
+        batch = [(texts, [None] * len(texts))]
+        _, exact_rep, near_root, *_ = dedup_texts(lambda batch=batch: batch, params)
         merged = sum((2 * i + 1) in near_root or (2 * i + 1) in exact_rep for i in range(pairs))
         xs.append(float(np.mean(true)))
         ys.append(merged / pairs)
     return xs, ys
+
+
+def verified(p: DedupParams, s: np.ndarray) -> np.ndarray:
+    """P(a candidate at Jaccard s is merged): sure by its estimate, or by the exact check."""
+    sure = binom.sf(p.accept_equal - 1, p.num_perm, s)
+    near = binom.cdf(p.accept_equal - 1, p.num_perm, s) - binom.cdf(
+        p.reject_equal - 1, p.num_perm, s
+    )
+    return sure + near * (np.asarray(s) >= p.threshold)
 
 
 def main() -> None:
@@ -50,10 +61,10 @@ def main() -> None:
     p = DedupParams()
     s = np.linspace(0, 1, 401)
     lsh = s_curve(s, p.bands, p.rows)
-    verify = binom.sf(p.min_equal - 1, p.num_perm, s)
+    verify = verified(p, s)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax.plot(s, lsh, label=f"LSH candidate: 1-(1-s^{p.rows})^{p.bands}")
-    ax.plot(s, verify, "--", label=f"verified: P(Bin({p.num_perm}, s) >= {p.min_equal})")
+    ax.plot(s, verify, "--", label="verified: estimate far from the threshold, else exact")
     ax.plot(s, lsh * verify, "k", lw=2, label="merged (product)")
     xs, ys = measured(p, np.array([0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95]), args.pairs)
     ax.plot(xs, ys, "o", color="C3", label=f"measured, {args.pairs} planted pairs each")
@@ -66,7 +77,7 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(args.out)
     for x, y in zip(xs, ys, strict=True):
-        predicted = float(s_curve(x, p.bands, p.rows) * binom.sf(p.min_equal - 1, p.num_perm, x))
+        predicted = float(s_curve(x, p.bands, p.rows) * verified(p, np.array(x)))
         print(f"s={x:.3f} merged={y:.3f} predicted={predicted:.3f}")
 
 

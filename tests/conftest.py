@@ -3,7 +3,9 @@ and a shared prepared-data cache so that expensive preparation happens once per 
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -60,3 +62,26 @@ def tiny_run_copy(finished_tiny_run: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "run"
     shutil.copytree(finished_tiny_run, dst)
     return dst
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One PySpark session in local mode for every Spark test of this process (the JVM starts
+    once): dedup, filter and prepare all run on it."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("trainguard-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.default.parallelism", "2")
+        # Small splits so the Parquet input spans several partitions: order must survive them.
+        .config("spark.sql.files.maxPartitionBytes", "65536")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -13,7 +13,7 @@ import pytest
 
 from trainguard.dedup import io
 from trainguard.dedup.local import dedup_file
-from trainguard.dedup.lsh import DedupParams, UnionFind, bucket_edges, s_curve
+from trainguard.dedup.lsh import DedupParams, UnionFind, band_keys, bucket_links, s_curve
 from trainguard.dedup.minhash import MinHasher, estimate, shingle_hashes
 from trainguard.dedup.normalise import exact_key, normalise
 from trainguard.dedup.planted import Generator, jaccard, planted_corpus
@@ -83,9 +83,15 @@ def test_union_find_roots_are_smallest_index():
 
 
 def test_bucket_links_to_earliest_verified_member():
-    sigs = np.array([[0] * 10, [1] * 10, [1] * 9 + [2], [0] * 10], dtype=np.uint32)
-    edges = bucket_edges(np.array([2, 5, 8, 9]), sigs, min_equal=9)
+    params = DedupParams(threshold=0.8, bands=2, rows=56)  # 112 positions, sure at >= 106
+    assert (params.reject_equal, params.accept_equal) == (73, 107)
+    base = np.zeros(112, dtype=np.uint32)
+    sigs = np.stack([base, base + 1, base + 1, base, base])
+    sigs[2, :5] = 2  # 107 of 112 positions agree with member 5: sure
+    sigs[4, :20] = 9  # 92 agree with member 2: near the threshold, for the exact check
+    edges, unsure = bucket_links(np.array([2, 5, 8, 9, 11]), sigs, params)
     assert edges == [(8, 5), (9, 2)]  # 5 matches nothing earlier
+    assert unsure == [(11, 2), (11, 9)]  # no sure match: every near pair is checked exactly
 
 
 def test_planted_duplicates_removed_and_dissimilar_kept(tmp_path, planted):
@@ -111,6 +117,59 @@ def test_planted_duplicates_removed_and_dissimilar_kept(tmp_path, planted):
     assert c.kept == c.input - 16
     assert warning_codes(report) == set()  # a clean corpus gets no warnings
     assert [f.code for f in report.findings] == ["D201"]
+
+
+def _datasketch_removed(texts: list[str], params: DedupParams) -> set[int]:
+    """datasketch's usual dedup loop with the same normalisation, shingles, bands and rows."""
+    from datasketch import MinHash, MinHashLSH
+
+    lsh = MinHashLSH(params.threshold, params.num_perm, params=(params.bands, params.rows))
+    perms = MinHash(num_perm=params.num_perm, seed=params.seed).permutations
+    removed = set()
+    for i, text in enumerate(texts):
+        words = normalise(text).split(" ")
+        m = MinHash(params.num_perm, params.seed, permutations=perms, scheme="affine32")
+        m.update_batch([" ".join(words[j : j + 5]).encode() for j in range(len(words) - 4)])
+        if lsh.query(m):
+            removed.add(i)
+        else:
+            lsh.insert(i, m)
+    return removed
+
+
+def test_recall_at_085_reaches_datasketch_without_false_merges(tmp_path):
+    pytest.importorskip("datasketch")
+    params = DedupParams()
+    missed = {"trainguard": 0, "datasketch": 0}
+    false_merges = 0
+    lost_candidates = []
+    for seed in range(3):
+        p = planted_corpus(
+            n_background=300,
+            similarities=(0.95, 0.9, 0.86, 0.5, 0.3),
+            copies_each=50,
+            exact=0,
+            normalised=0,
+            seed=seed,
+        )
+        texts = [r["text"] for r in p.records]
+        src = write_jsonl(tmp_path / f"in{seed}.jsonl", p.records)
+        removed = {r.removed for r in dedup_file(src, tmp_path / f"out{seed}.jsonl").rows}
+        dup = p.must_remove(0.85)
+        missed["trainguard"] += len(dup - removed)
+        missed["datasketch"] += len(dup - _datasketch_removed(texts, params))
+        false_merges += len(removed & p.must_keep(0.55))
+        # Verification loses no LSH candidate at or above the threshold: every pair whose bands
+        # met is merged, whatever its signature estimate.
+        sigs = MinHasher(params.num_perm, params.seed).signatures([normalise(t) for t in texts])
+        keys = band_keys(sigs, params.bands, params.rows)
+        for later, earlier, sim, _ in p.pairs:
+            candidate = (keys[later] == keys[earlier]).any()
+            if sim >= params.threshold and candidate and later not in removed:
+                lost_candidates.append((seed, later, sim))
+    assert lost_candidates == []
+    assert missed["trainguard"] <= missed["datasketch"], missed
+    assert false_merges == 0  # the 0.3 and 0.5 pairs all survive
 
 
 def test_output_keeps_all_fields_in_input_order_and_bytes(tmp_path, planted):

@@ -1,10 +1,11 @@
-"""The Spark engine (real PySpark, local mode) keeps exactly what the local engine keeps."""
+"""The Spark engine (real PySpark, local mode) keeps exactly what the local engine keeps.
+
+The Spark session is the session-scoped `spark` fixture of conftest.py, shared with the
+prepare and filter Spark tests (one JVM per test process)."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,25 +20,6 @@ from trainguard.dedup import io  # noqa: E402
 from trainguard.dedup.local import dedup_file  # noqa: E402
 from trainguard.dedup.planted import planted_corpus  # noqa: E402
 from trainguard.dedup.spark import dedup_file_spark  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("trainguard-dedup-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.default.parallelism", "2")
-        # Small splits so the Parquet input spans several partitions: order must survive them.
-        .config("spark.sql.files.maxPartitionBytes", "65536")
-        .getOrCreate()
-    )
-    yield session
-    session.stop()
 
 
 def corpus():

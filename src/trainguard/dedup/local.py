@@ -1,22 +1,26 @@
 """The local engine: exact then near deduplication of one JSONL or Parquet file in one process.
 
 Pass 1 streams the input in batches: normalise, exact key, and a MinHash signature for the first
-document of each normalised text (copies need none). The signatures, bands and union-find then
-decide what to remove; pass 2 streams the input again and copies the kept records. Memory is
-one signature (4 bytes per hash function) and one 16-byte key per distinct document.
+document of each normalised text (copies need none). The signatures and bands give candidate
+pairs; those whose estimate is close to the threshold are checked exactly on a second read that
+shingles only the documents in such pairs (skipped when there are none); union-find then decides
+what to remove, and a last pass copies the kept records. Memory is one signature (4 bytes per
+hash function) and one 16-byte key per distinct document, plus the shingle sets of the documents
+checked exactly.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from trainguard.dedup import io
-from trainguard.dedup.lsh import DedupParams, UnionFind, local_edges
-from trainguard.dedup.minhash import MinHasher
+from trainguard.dedup.lsh import DedupParams, UnionFind, exact_edges, local_links
+from trainguard.dedup.minhash import MinHasher, shingle_set
 from trainguard.dedup.normalise import exact_key, normalise
 from trainguard.dedup.plan import resolve, with_ids
 from trainguard.dedup.report import DedupReport, TextStats, check_params, default_clusters_path
@@ -27,9 +31,10 @@ from trainguard.util.paths import is_url
 
 
 def dedup_texts(
-    batches: Any, params: DedupParams
+    read_batches: Callable[[], Iterable[tuple[list[str], list[Any]]]], params: DedupParams
 ) -> tuple[int, dict[int, int], dict[int, int], np.ndarray, np.ndarray, list[Any], TextStats]:
-    """Pass 1 over `(texts, ids)` batches.
+    """The duplicate links of the `(texts, ids)` batches `read_batches()` yields (each call reads
+    the input again from the start; a second call happens only for exact checks).
 
     Returns (n, exact_rep, near_root, uniq_idx, uniq_sigs, ids, stats): see plan.resolve.
     """
@@ -41,7 +46,7 @@ def dedup_texts(
     ids: list[Any] = []
     stats = TextStats()
     n = 0
-    for texts, batch_ids in batches:
+    for texts, batch_ids in read_batches():
         new_idx: list[int] = []
         new_norm: list[str] = []
         for text in texts:
@@ -63,8 +68,28 @@ def dedup_texts(
     uniq_sigs = (
         np.concatenate(sig_parts) if sig_parts else np.zeros((0, params.num_perm), np.uint32)
     )
-    near_root = UnionFind().roots(local_edges(uniq_idx, uniq_sigs, params))
+    edges, unsure = local_links(uniq_idx, uniq_sigs, params)
+    if unsure:
+        edges += exact_edges(unsure, _shingle_sets(read_batches, unsure, params), params.threshold)
+    near_root = UnionFind().roots(edges)
     return n, exact_rep, near_root, uniq_idx, uniq_sigs, ids, stats
+
+
+def _shingle_sets(
+    read_batches: Callable[[], Iterable[tuple[list[str], list[Any]]]],
+    pairs: list[tuple[int, int]],
+    params: DedupParams,
+) -> dict[int, np.ndarray]:
+    """Shingle sets of the documents in `pairs`, from one more read of the input."""
+    need = {i for pair in pairs for i in pair}
+    out: dict[int, np.ndarray] = {}
+    n = 0
+    for texts, _ in read_batches():
+        for text in texts:
+            if n in need:
+                out[n] = shingle_set(normalise(text), params.ngram)
+            n += 1
+    return out
 
 
 def dedup_file(
@@ -90,8 +115,9 @@ def dedup_file(
     clusters_path = clusters_path or default_clusters_path(out_path)
     io.check_output(out_path, fmt, in_path, clusters_path)
     t0 = time.perf_counter()
-    batches = io.iter_batches(in_path, fmt, text_field, id_field)
-    n, exact_rep, near_root, uniq_idx, uniq_sigs, ids, stats = dedup_texts(batches, params)
+    n, exact_rep, near_root, uniq_idx, uniq_sigs, ids, stats = dedup_texts(
+        lambda: io.iter_batches(in_path, fmt, text_field, id_field), params
+    )
 
     def similarity(a: int, b: int) -> float:
         ra, rb = np.searchsorted(uniq_idx, [a, b])

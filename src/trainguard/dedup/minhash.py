@@ -39,6 +39,11 @@ def shingle_hashes(normalised: str, ngram: int = NGRAM) -> list[int]:
     ]
 
 
+def shingle_set(normalised: str, ngram: int = NGRAM) -> np.ndarray:
+    """The sorted distinct shingle hashes of a text: its shingle set, for exact Jaccard."""
+    return np.unique(np.array(shingle_hashes(normalised, ngram), dtype=np.uint64))
+
+
 class MinHasher:
     """Computes (n, num_perm) uint32 signatures for batches of normalised texts."""
 

@@ -1,9 +1,11 @@
 """The Spark engine: the local engine's algorithm, distributed with PySpark.
 
 Executors do the per-document work (parse, normalise, exact key, MinHash, band keys, bucket
-verification) with the same functions and seeds as the local engine; the driver holds only the
-duplicate links (exact pairs and verified edges, one small tuple per duplicate) and runs the
-shared union-find and `plan.resolve`, so both engines keep the same documents. Kept records are
+verification, shingle sets for the exact checks) with the same functions and seeds as the local
+engine; the driver holds only the duplicate links (exact pairs, verified edges and the pairs near
+the threshold, one small tuple each) and the shingle sets of the documents in those pairs, and
+runs the shared exact check, union-find and `plan.resolve`, so both engines keep the same
+documents. Kept records are
 written by the executors as a folder of part files in the input's format; the clusters file is
 written by the driver. Input is one JSONL or Parquet file (its order defines "first").
 
@@ -25,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from trainguard.dedup import io
-from trainguard.dedup.lsh import DedupParams, UnionFind, band_keys, bucket_edges
-from trainguard.dedup.minhash import MinHasher
+from trainguard.dedup.lsh import DedupParams, UnionFind, band_keys, bucket_links, exact_edges
+from trainguard.dedup.minhash import MinHasher, shingle_set
 from trainguard.dedup.normalise import exact_key, normalise
 from trainguard.dedup.plan import resolve, with_ids
 from trainguard.dedup.report import DedupReport, TextStats, check_params, default_clusters_path
@@ -83,12 +85,14 @@ def _band_partition(rows: Iterator[tuple[int, np.ndarray]], p: DedupParams) -> I
                 yield (b, key), (idx, sig)
 
 
-def _bucket(members: Any, min_equal: int) -> list[tuple[int, int]]:
+def _bucket(members: Any, p: DedupParams) -> list[tuple[bool, int, int]]:
+    """(sure, later, earlier) links of one bucket: sure edges, or pairs for the exact check."""
     items = sorted(members, key=lambda m: m[0])
     if len(items) < 2:
         return []
     idx = np.array([i for i, _ in items], dtype=np.int64)
-    return bucket_edges(idx, np.stack([s for _, s in items]), min_equal)
+    edges, unsure = bucket_links(idx, np.stack([s for _, s in items]), p)
+    return [(True, a, b) for a, b in edges] + [(False, a, b) for a, b in unsure]
 
 
 def _bad_input_from(exc: Exception) -> DataError | None:
@@ -184,13 +188,24 @@ def dedup_file_spark(
     uniq = docs.filter(lambda d: d[3] != _EMPTY and d[0] not in copies.value).map(
         lambda d: (d[0], d[2])
     )
-    min_equal = p.min_equal
-    edges = (
+    links = (
         uniq.mapPartitions(lambda it: _band_partition(it, p))
         .groupByKey()
-        .flatMap(lambda kv: _bucket(kv[1], min_equal))
+        .flatMap(lambda kv: _bucket(kv[1], p))
         .collect()
     )
+    edges = [(a, b) for sure, a, b in links if sure]
+    unsure = [(a, b) for sure, a, b in links if not sure]
+    if unsure:
+        need = sc.broadcast({i for pair in unsure for i in pair})
+        ngram = p.ngram
+        shingles = dict(
+            texts.filter(lambda t: t[0] in need.value)
+            .map(lambda t: (t[0], shingle_set(normalise(t[1]), ngram)))
+            .collect()
+        )
+        edges += exact_edges(unsure, shingles, p.threshold)
+        need.unpersist()
     near_root = UnionFind().roots(edges)
     involved = sc.broadcast(set(near_root) | set(near_root.values()))
     sigs = dict(uniq.filter(lambda t: t[0] in involved.value).collect())
