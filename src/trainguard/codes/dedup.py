@@ -13,14 +13,16 @@ register(
         title="Duplicates removed (summary)",
         severity="info",
         catches="How many documents `data dedup` removed as exact duplicates (same text after "
-        "NFC, case folding and whitespace collapsing) and as near duplicates (MinHash Jaccard "
-        "estimate at or above the threshold).",
+        "NFC, case folding and whitespace collapsing) and as near duplicates (Jaccard "
+        "similarity at or above the threshold: the MinHash estimate decides far from it, the "
+        "exact similarity of the shingle sets within 4 standard deviations of it).",
         why="Duplicated documents waste compute, are memorised more, and skew evaluation when "
         "they overlap the test set.",
         fix="Nothing to do; the clusters file says which document was removed in favour of "
         "which, with the estimated similarity.",
-        false_positives="Near duplicates are estimated: a pair just above the threshold may be "
-        "slightly below it in truth (the estimate's standard deviation is sqrt(s(1-s)/112)).",
+        false_positives="A pair more than 4 standard deviations of the estimate "
+        "(sqrt(s(1-s)/112)) above the threshold is merged without the exact check: about one "
+        "pair in a million just below the threshold gets that far.",
         references=(_LEE, _FINEWEB),
     ),
     Code(
