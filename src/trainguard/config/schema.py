@@ -168,6 +168,11 @@ class PreflightConfig(_Section):
     check, before data preparation): compute, memory, collectives, the checkpoint storage and
     the environment against known answers (`trainguard run --doctor` sets it for one run).
     Its errors stop the run like any pre-flight error; it runs even with `enabled: false`."""
+    contamination_max: float = Field(0.5, ge=0.0, le=1.0)
+    """Share of an eval task's examples found in the training data (D250: a 13-gram in common,
+    or a MinHash near-copy) above which pre-flight reports an error; at or below it a warning.
+    Code shares idioms and licence headers, so some overlap is incidental: the default recipe's
+    python_next_line has about 29% of its examples sharing a 13-gram with the training split."""
 
 
 class PredictionConfig(_Section):

@@ -25,9 +25,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from trainguard.evals.runner import task_rows
 from trainguard.evals.scoring import encode_context, encode_continuation
-from trainguard.evals.spec import EvalSpec, TaskSpec, answer_error, load_spec
+from trainguard.evals.spec import EvalSpec, TaskSpec, answer_error, load_spec, task_rows
 from trainguard.findings import Finding
 
 DOC_START = "<|endoftext|>"

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from trainguard.evals.builtin import builtin_rows
 from trainguard.evals.scoring import (
     bos_ids,
     encode_context,
@@ -29,7 +28,13 @@ from trainguard.evals.scoring import (
     loglikelihoods,
     sum_nll_bits,
 )
-from trainguard.evals.spec import EvalSpec, TaskSpec, check_answers, load_spec, read_task_data
+from trainguard.evals.spec import (
+    EvalSpec,
+    TaskSpec,
+    check_answers,
+    load_spec,
+    task_rows,
+)
 from trainguard.findings import Finding
 
 
@@ -39,17 +44,6 @@ class EvalResults:
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
     examples: int = 0
-
-
-def task_rows(
-    spec: EvalSpec, task: TaskSpec, data: Any | None = None, max_examples: int | None = None
-) -> list[dict[str, Any]]:
-    """The task's examples: its JSONL rows, or the builtin's generated rows."""
-    if task.builtin is not None:
-        rows = builtin_rows(task.builtin, data, task.options)
-    else:
-        rows = read_task_data(spec, task)
-    return rows if max_examples is None else rows[:max_examples]
 
 
 def score_multiple_choice(model, tokenizer, bos, rows, device) -> dict[str, float]:

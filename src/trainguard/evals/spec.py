@@ -204,3 +204,28 @@ def check_answers(spec: EvalSpec) -> None:
                     "fix the pattern (escape literal characters with \\), or use "
                     "`match: exact` or `match: contains` for literal answers",
                 )
+
+
+def task_rows(
+    spec: EvalSpec, task: TaskSpec, data: Any | None = None, max_examples: int | None = None
+) -> list[dict[str, Any]]:
+    """The task's examples: its JSONL rows, or the builtin's generated rows."""
+    from trainguard.evals.builtin import builtin_rows
+
+    if task.builtin is not None:
+        rows = builtin_rows(task.builtin, data, task.options)
+    else:
+        rows = read_task_data(spec, task)
+    return rows if max_examples is None else rows[:max_examples]
+
+
+def example_text(task: TaskSpec, row: dict[str, Any]) -> str:
+    """What an example puts in front of the model when it is right: the context followed by the
+    gold choice, the prompt followed by the answer, or the text."""
+    if task.type == "multiple_choice":
+        gold = row["gold"]
+        choices = row["choices"]
+        return row["context"] + (choices[gold] if 0 <= gold < len(choices) else "")
+    if task.type == "generation":
+        return row["prompt"] + row["answer"]
+    return row["text"]

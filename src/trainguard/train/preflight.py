@@ -65,11 +65,33 @@ def eval_lint_findings(session: RunSession) -> tuple[list[Finding], dict]:
     return session.evals.lint(), {}
 
 
+def contamination_findings(session: RunSession) -> tuple[list[Finding], dict]:
+    """D250 for eval tasks whose examples are in the training split (streamed once)."""
+    if not session.evals.enabled:
+        return [], {}
+    from trainguard.evals.contamination import check_contamination
+
+    r = session.recipe
+    report = check_contamination(
+        r.evals.specs,
+        r.data.source,
+        r.data.text_field,
+        r.data.val_fraction,
+        r.evals.max_examples,
+    )
+    stats = {
+        "documents": report.documents,
+        "tasks": {f"{t.spec}/{t.task}": round(t.fraction, 4) for t in report.tasks},
+    }
+    return report.findings(max_fraction=r.preflight.contamination_max), stats
+
+
 CHECKS = {
     "model": model_findings,
     "tokenizer": tokenizer_findings,
     "shuffle": shuffle_findings,
     "evals": eval_lint_findings,
+    "contamination": contamination_findings,
 }
 
 
