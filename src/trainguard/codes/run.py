@@ -78,9 +78,13 @@ register(
         code="R105",
         title="Periodic oscillation of the loss",
         severity="warning",
-        catches="After removing the trend (a quadratic in log step fitted to log loss over the "
-        "last `oscillation_window` rows), the residual spectrum has a peak that Fisher's g-test "
-        "finds significant at `oscillation_alpha`. `data.period_steps` is the period; "
+        catches="After removing the trend (a degree-5 polynomial in log step fitted to log loss "
+        "over the last `oscillation_window` rows), the residual spectrum has a peak that "
+        "Fisher's g-test finds significant at `oscillation_alpha`; or, for a faint wave (0.5% "
+        "of the loss under 2% noise), the periodogram of the last 2-8 half-window blocks joined "
+        "(each detrended on its own) has a peak beyond chance at the same level, present in "
+        "every block. The message names the period; `data.period_steps` holds it, "
+        "`data.windows` the number of blocks joined (1: one window), and "
         "`data.matches_data_period` says whether it equals (or divides) the known data period "
         "(shard or epoch length).",
         why="A loss that waves with the data order means batches are not exchangeable: poorly "

@@ -37,7 +37,8 @@ class MonitorsConfig(BaseModel):
     """Steps seen before divergence is scored (warm-up bumps are not divergence)."""
     oscillation_window: int = Field(1024, ge=128)
     """Rows of loss history tested for a periodic wave; the longest detectable period is a
-    quarter of the rows held (256 rows for a full window)."""
+    fifth of the rows held (204 rows for a full window). Faint waves are tested over up to
+    8 blocks of half a window joined (4096 rows), periods up to an eighth of the window."""
     oscillation_interval: int = Field(128, ge=1)
     """Test for a wave every this many rows (the FFT cost is amortised over them)."""
     oscillation_alpha: float = Field(1e-6, gt=0.0, lt=1.0)
