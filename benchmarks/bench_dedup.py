@@ -128,7 +128,8 @@ def bench_local(docs: int, repeats: int) -> dict:
 
 def spark_worker(src: str, cores: int) -> dict:
     """One Spark engine measurement in a fresh process (so start-up includes the JVM)."""
-    from trainguard.dedup.spark import dedup_file_spark, get_spark
+    from trainguard.dedup.spark import dedup_file_spark
+    from trainguard.util.spark import get_spark
 
     t = time.perf_counter()
     spark = get_spark(f"local[{cores}]")

@@ -253,7 +253,7 @@ def test_bad_input_is_rejected_with_a_fix(tmp_path):
 def test_spark_engine_without_pyspark_names_the_extra(monkeypatch, tmp_path):
     import sys
 
-    from trainguard.dedup.spark import get_spark
+    from trainguard.util.spark import get_spark
 
     monkeypatch.setitem(sys.modules, "pyspark.sql", None)  # import now fails as if absent
     with pytest.raises(BadInputError, match="needs PySpark") as e:

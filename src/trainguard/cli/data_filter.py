@@ -1,4 +1,5 @@
-"""`trainguard data filter IN --out OUT`: keep documents that pass the quality rules."""
+"""`trainguard data filter IN --out OUT [--engine local|spark]`: keep documents that pass the
+quality rules."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 
 from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.data_dedup import Engine
 from trainguard.errors import BadInputError
 
 if TYPE_CHECKING:
@@ -70,18 +72,33 @@ def register(app: typer.Typer) -> None:
         max_words: Annotated[
             int | None, typer.Option(help="Upper word bound (Gopher: 100000).")
         ] = None,
+        engine: Annotated[
+            Engine,
+            typer.Option(
+                help="Where to run; spark writes folders of part files with the same records."
+            ),
+        ] = Engine.local,
+        spark_master: Annotated[
+            str | None,
+            typer.Option(help="Spark master URL. Default: $SPARK_MASTER, else local[*]."),
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Apply the documented quality rules (Gopher-style) and write kept and rejected docs."""
-        from trainguard.filters.run import filter_source
+        config = filter_config(min_words, max_words)
+        disabled = check_disabled(disable or [])
+        if engine is Engine.spark:
+            from trainguard.filters.spark import filter_source_spark
 
-        summary = filter_source(
-            source,
-            out,
-            text_field=text_field,
-            config=filter_config(min_words, max_words),
-            disabled=check_disabled(disable or []),
-        )
+            summary = filter_source_spark(
+                source, out, text_field, config, disabled, master=spark_master
+            )
+        else:
+            from trainguard.filters.run import filter_source
+
+            summary = filter_source(
+                source, out, text_field=text_field, config=config, disabled=disabled
+            )
         if not as_json:
             console.print(
                 f"kept {summary.kept} of {summary.total} documents -> {summary.kept_path}; "

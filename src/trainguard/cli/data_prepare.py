@@ -1,4 +1,5 @@
-"""`trainguard data prepare SOURCE --out DIR`: the data preparation `trainguard run` does, alone."""
+"""`trainguard data prepare SOURCE --out DIR [--engine local|spark]`: the data preparation
+`trainguard run` does, alone; with Spark, the same bytes built on a cluster."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import typer
 
 from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.data_dedup import Engine
 from trainguard.config.schema import DataConfig, TokenizerConfig
 from trainguard.util.paths import refuse_overwrite
 
@@ -43,6 +45,14 @@ def register(app: typer.Typer) -> None:
         shard_tokens: Annotated[
             int, typer.Option(help="Tokens per shard file.")
         ] = d_data.shard_tokens,
+        engine: Annotated[
+            Engine,
+            typer.Option(help="Where to run; both write the same bytes (the cache serves both)."),
+        ] = Engine.local,
+        spark_master: Annotated[
+            str | None,
+            typer.Option(help="Spark master URL. Default: $SPARK_MASTER, else local[*]."),
+        ] = None,
         progress: Annotated[bool, typer.Option(help="Progress bar on stderr.")] = True,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
@@ -66,7 +76,13 @@ def register(app: typer.Typer) -> None:
             },
             origin="data prepare options",
         )
-        prepared = prepare_data(recipe.data, recipe.tokenizer, progress=progress)
+        prepared = prepare_data(
+            recipe.data,
+            recipe.tokenizer,
+            progress=progress,
+            engine=engine.value,
+            spark_master=spark_master,
+        )
         extra = {
             "dir": str(prepared.dir),
             "reused": prepared.reused,

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from trainguard.data.parts import Part, file_parts, jsonl_parts, parquet_parts
 from trainguard.errors import DataError
 from trainguard.util.hashing import stable_json_hash, stable_u64
 from trainguard.util.inputs import open_parquet
@@ -140,9 +141,22 @@ def _files_docs(files: list[tuple[str, Path]], stats: CorpusStats) -> Iterator[D
             yield Document(doc_id, text, doc_id)
 
 
-def _jsonl_docs(path: Path, text_field: str, stats: CorpusStats) -> Iterator[Document]:
+def _jsonl_docs(
+    path: Path,
+    text_field: str,
+    stats: CorpusStats,
+    start: int = 0,
+    stop: int | None = None,
+    first_line: int = 1,
+) -> Iterator[Document]:
+    """The documents of the lines in bytes [start, stop) (whole lines; `parts.jsonl_parts`)."""
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        f.seek(start)
+        pos = start
+        for lineno, raw in enumerate(f, start=first_line):
+            if stop is not None and pos >= stop:
+                break
+            pos += len(raw)
             line = _decode(raw, stats)
             if line is None or not line.strip():
                 continue
@@ -179,7 +193,14 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _parquet_docs(path: Path, text_field: str, stats: CorpusStats) -> Iterator[Document]:
+def _parquet_docs(
+    path: Path,
+    text_field: str,
+    stats: CorpusStats,
+    groups: tuple[int, int] | None = None,
+    first_row: int = 0,
+) -> Iterator[Document]:
+    """The documents of row groups [groups[0], groups[1]) (all when None)."""
     pf = open_parquet(path, "data source", DataError)
     names = pf.schema_arrow.names
     if text_field not in names:
@@ -188,9 +209,10 @@ def _parquet_docs(path: Path, text_field: str, stats: CorpusStats) -> Iterator[D
             "set data.text_field to the column holding the text",
         )
     columns = [text_field] + [c for c in ("id", "source") if c in names and c != text_field]
-    row = 0
+    row_groups = None if groups is None else list(range(*groups))
+    row = first_row
     # Batches keep memory flat on large files; pyarrow validates UTF-8 for string columns.
-    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH, columns=columns):
+    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH, columns=columns, row_groups=row_groups):
         cols = {c: batch.column(c).to_pylist() for c in columns}
         for i, text in enumerate(cols[text_field]):
             ident = cols["id"][i] if "id" in cols else None
@@ -201,6 +223,25 @@ def _parquet_docs(path: Path, text_field: str, stats: CorpusStats) -> Iterator[D
                 text = _decode(text, stats)
             if text is not None:
                 yield Document(doc_id, text, str(label) if label is not None else path.name)
+
+
+def _counted(docs: Iterator[Document], stats: CorpusStats) -> Iterator[Document]:
+    """Skip empty documents; count the kept ones and their UTF-8 bytes."""
+    for doc in docs:
+        if not doc.text:
+            stats.skipped_empty += 1
+            continue
+        stats.docs += 1
+        stats.bytes += len(doc.text.encode("utf-8"))
+        yield doc
+
+
+def _no_documents(source: str, stats: CorpusStats) -> DataError:
+    skipped = f" ({stats.skipped_non_utf8} not valid UTF-8)" if stats.skipped_non_utf8 else ""
+    return DataError(
+        f"data source {source!r} holds no non-empty document{skipped}",
+        "point data.source at UTF-8 text: a folder of text files, JSONL or Parquet",
+    )
 
 
 def iter_documents(
@@ -221,19 +262,49 @@ def iter_documents(
         docs = _jsonl_docs(path, text_field, stats)
     else:
         docs = _parquet_docs(path, text_field, stats)
-    for doc in docs:
-        if not doc.text:
-            stats.skipped_empty += 1
-            continue
-        stats.docs += 1
-        stats.bytes += len(doc.text.encode("utf-8"))
-        yield doc
+    yield from _counted(docs, stats)
     if stats.docs == 0:
-        skipped = f" ({stats.skipped_non_utf8} not valid UTF-8)" if stats.skipped_non_utf8 else ""
-        raise DataError(
-            f"data source {source!r} holds no non-empty document{skipped}",
-            "point data.source at UTF-8 text: a folder of text files, JSONL or Parquet",
+        raise _no_documents(source, stats)
+
+
+def source_parts(source: str, target_bytes: int = 64 << 20) -> list[Part]:
+    """`source` cut into parts of about `target_bytes` that `iter_part` reads one by one: in
+    order, they are exactly the documents of `iter_documents` (the Spark engine's input)."""
+    kind = _kind(source)
+    path = Path(source).expanduser()
+    if kind in ("stdlib", "folder"):
+        return file_parts(stdlib_files() if kind == "stdlib" else _folder_files(path), target_bytes)
+    if kind == "jsonl":
+        return jsonl_parts(path, target_bytes)
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    bytes_per_row = path.stat().st_size / max(meta.num_rows, 1)
+    return parquet_parts(path, max(1, int(target_bytes / max(bytes_per_row, 1.0))))
+
+
+def source_bytes(source: str) -> int:
+    """The size of a source's files (sizes parts for the Spark engines)."""
+    if source == "stdlib":
+        return sum(p.stat().st_size for _, p in stdlib_files())
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return sum(p.stat().st_size for _, p in _folder_files(path))
+    return path.stat().st_size
+
+
+def iter_part(part: Part, text_field: str, stats: CorpusStats) -> Iterator[Document]:
+    """The documents of one part of `source_parts`, counted in `stats` as `iter_documents`
+    counts them (the caller checks that the parts together hold a document)."""
+    if part.kind == "files":
+        docs = _files_docs([(ident, Path(p)) for ident, p in part.files], stats)
+    elif part.kind == "jsonl":
+        docs = _jsonl_docs(Path(part.path), text_field, stats, part.start, part.stop, part.first)
+    else:
+        docs = _parquet_docs(
+            Path(part.path), text_field, stats, (part.start, part.stop), part.first
         )
+    yield from _counted(docs, stats)
 
 
 def split_of(doc_id: str, val_fraction: float) -> Split:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ from tokenizers import Tokenizer
 from trainguard.config.schema import DataConfig, TokenizerConfig
 from trainguard.data import corpus, shards
 from trainguard.data.corpus import CorpusStats, Document, iter_documents, split_of
+from trainguard.data.progress import Progress
 from trainguard.data.shards import FORMAT_VERSION, ShardWriter, TokenDataset
 from trainguard.data.tokenizer import eot_id, load_tokenizer, save_tokenizer, train_tokenizer
 from trainguard.errors import DataError, OutputWriteError
@@ -117,43 +116,6 @@ class PreparedData:
         return out
 
 
-class _Progress:
-    """A rich bar on a terminal, else a few plain lines on stderr; nothing when disabled."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.bar: Any = None
-        self.t0 = time.perf_counter()
-        if enabled and sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import Progress
-
-            self.bar = Progress(console=Console(stderr=True), transient=True)
-            self.bar.start()
-        self.task: Any = None
-
-    def phase(self, text: str, total: float | None = None) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            if self.task is not None:
-                self.bar.remove_task(self.task)
-            self.task = self.bar.add_task(text, total=total)
-        else:
-            print(f"trainguard data: {text}", file=sys.stderr, flush=True)
-
-    def advance(self, n: float) -> None:
-        if self.bar is not None and self.task is not None:
-            self.bar.advance(self.task, n)
-
-    def close(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-        if self.enabled:
-            took = time.perf_counter() - self.t0
-            print(f"trainguard data: {text} ({took:.1f} s)", file=sys.stderr, flush=True)
-
-
 @contextlib.contextmanager
 def _undo_on_failure(created: list[Path]) -> Iterator[None]:
     """Remove the lock file and cache folder this call created when preparing fails (bad
@@ -200,7 +162,7 @@ def _train_texts(data_cfg: DataConfig, stats: CorpusStats, error: list) -> Itera
 
 
 def _encode_all(
-    tok: Tokenizer, data_cfg: DataConfig, writers: dict[str, ShardWriter], progress: _Progress
+    tok: Tokenizer, data_cfg: DataConfig, writers: dict[str, ShardWriter], progress: Progress
 ) -> None:
     eot = eot_id(tok)
     batch: list[Document] = []
@@ -225,7 +187,7 @@ def _encode_all(
         flush()
 
 
-def _build(folder: Path, data_cfg: DataConfig, tok_cfg: TokenizerConfig, progress: _Progress):
+def _build(folder: Path, data_cfg: DataConfig, tok_cfg: TokenizerConfig, progress: Progress):
     stats, error = CorpusStats(), []
     progress.phase(f"training a {tok_cfg.vocab_size}-token byte-level BPE on {data_cfg.source}")
     tok = train_tokenizer(
@@ -240,6 +202,19 @@ def _build(folder: Path, data_cfg: DataConfig, tok_cfg: TokenizerConfig, progres
     progress.phase(f"tokenizing {stats.docs} documents", total=stats.bytes)
     _encode_all(tok, data_cfg, writers, progress)
     splits = {s: w.close() for s, w in writers.items()}
+    write_prepared_manifest(folder, data_cfg, tok_cfg, tok, stats, splits)
+
+
+def write_prepared_manifest(
+    folder: Path,
+    data_cfg: DataConfig,
+    tok_cfg: TokenizerConfig,
+    tok: Tokenizer,
+    stats: CorpusStats,
+    splits: dict[str, dict[str, Any]],
+) -> None:
+    """Refuse an empty split, then write the manifest (last: a folder without it is never
+    used). Every engine ends here, so their manifests are alike."""
     for s, meta in splits.items():
         if meta["docs"] == 0:
             raise DataError(
@@ -247,6 +222,7 @@ def _build(folder: Path, data_cfg: DataConfig, tok_cfg: TokenizerConfig, progres
                 f"val_fraction={data_cfg.val_fraction})",
                 "add documents or change data.val_fraction",
             )
+    tok_path = folder / TOKENIZER_FILE
     manifest = {
         "format_version": FORMAT_VERSION,
         "source": data_cfg.source,
@@ -269,13 +245,21 @@ def _build(folder: Path, data_cfg: DataConfig, tok_cfg: TokenizerConfig, progres
         "stats": stats.to_dict(),
         "splits": splits,
     }
-    shards.write_manifest(folder, manifest)  # last: a folder without it is never used
+    shards.write_manifest(folder, manifest)
 
 
 def prepare_data(
-    data_cfg: DataConfig, tok_cfg: TokenizerConfig, progress: bool = True
+    data_cfg: DataConfig,
+    tok_cfg: TokenizerConfig,
+    progress: bool = True,
+    engine: str = "local",
+    spark_master: str | None = None,
 ) -> PreparedData:
-    """The prepared, verified data of a recipe, built on first use and cached after."""
+    """The prepared, verified data of a recipe, built on first use and cached after.
+
+    `engine="spark"` builds it with PySpark (`prepare_spark.py`; a running session is reused,
+    else one for `spark_master`); both engines write the same bytes, so the cache serves either.
+    """
     cache = Path(data_cfg.cache_dir).expanduser() if data_cfg.cache_dir else default_cache_dir()
     refuse_overwrite({"data.cache_dir": cache}, {"data.source": data_cfg.source})
     key = cache_key(data_cfg, tok_cfg)
@@ -300,10 +284,15 @@ def prepare_data(
                     shutil.rmtree(stale, ignore_errors=True)
                 tmp = cache / f".tmp-{key}-{os.getpid()}"
                 tmp.mkdir()
-                bar = _Progress(progress)
+                bar = Progress(progress)
                 outcome = "failed"
                 try:
-                    _build(tmp, data_cfg, tok_cfg, bar)
+                    if engine == "spark":
+                        from trainguard.data.prepare_spark import build_spark
+
+                        build_spark(tmp, data_cfg, tok_cfg, bar, spark_master)
+                    else:
+                        _build(tmp, data_cfg, tok_cfg, bar)
                     _fsync_files(tmp)
                     os.rename(tmp, final)
                     fsync_dir(cache)

@@ -63,9 +63,7 @@ class ShardWriter:
 
     def _flush(self, n: int) -> None:
         stream = np.concatenate(self._pending)
-        path = self.folder / f"{self.split}-{len(self._shards):05d}.bin"
-        stream[:n].tofile(path)
-        self._shards.append({**_file_entry(path), "dtype": self.dtype, "n_tokens": n})
+        self._shards.append(write_shard(self.folder, self.split, len(self._shards), stream[:n]))
         rest = stream[n:]
         self._pending, self._pending_n = ([rest] if len(rest) else []), len(rest)
 
@@ -73,22 +71,52 @@ class ShardWriter:
         """Write the last shard and the document index; the split's manifest entry."""
         if self._pending_n:
             self._flush(self._pending_n)
-        index = np.stack(
-            [np.asarray(self._doc_starts, np.int64), np.asarray(self._doc_labels, np.int64)], 1
-        ).reshape(-1, 2)
-        index_path = self.folder / f"{self.split}.doc_index.npy"
-        np.save(index_path, index, allow_pickle=False)
-        labels_path = self.folder / f"{self.split}.doc_labels.json"
-        labels_path.write_text(json.dumps(list(self._label_ids)), encoding="utf-8")
-        return {
-            "docs": self.docs,
-            "bytes": self.bytes,
-            "n_tokens": self.n_tokens,
-            "dtype": self.dtype,
-            "shards": self._shards,
-            "doc_index": _file_entry(index_path),
-            "doc_labels": _file_entry(labels_path),
-        }
+        return split_entry(
+            self.folder,
+            self.split,
+            self.dtype,
+            self._shards,
+            self._doc_starts,
+            self._doc_labels,
+            list(self._label_ids),
+            self.bytes,
+        )
+
+
+def write_shard(folder: Path, split: str, k: int, tokens: np.ndarray) -> dict[str, Any]:
+    """Shard k of a split: its raw tokens in `<split>-<k>.bin`; the manifest entry."""
+    path = folder / f"{split}-{k:05d}.bin"
+    tokens.tofile(path)
+    return {**_file_entry(path), "dtype": str(tokens.dtype), "n_tokens": len(tokens)}
+
+
+def split_entry(
+    folder: Path,
+    split: str,
+    dtype: str,
+    shards: list[dict[str, Any]],
+    doc_starts: list[int] | np.ndarray,
+    doc_labels: list[int] | np.ndarray,
+    labels: list[str],
+    n_bytes: int,
+) -> dict[str, Any]:
+    """Write a split's document index and label names; its manifest entry (every engine)."""
+    index = np.stack(
+        [np.asarray(doc_starts, np.int64), np.asarray(doc_labels, np.int64)], 1
+    ).reshape(-1, 2)
+    index_path = folder / f"{split}.doc_index.npy"
+    np.save(index_path, index, allow_pickle=False)
+    labels_path = folder / f"{split}.doc_labels.json"
+    labels_path.write_text(json.dumps(labels), encoding="utf-8")
+    return {
+        "docs": len(index),
+        "bytes": n_bytes,
+        "n_tokens": sum(s["n_tokens"] for s in shards),
+        "dtype": dtype,
+        "shards": shards,
+        "doc_index": _file_entry(index_path),
+        "doc_labels": _file_entry(labels_path),
+    }
 
 
 def manifest_checksum(manifest: dict[str, Any]) -> str:

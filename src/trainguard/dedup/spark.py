@@ -5,19 +5,15 @@ verification, shingle sets for the exact checks) with the same functions and see
 engine; the driver holds only the duplicate links (exact pairs, verified edges and the pairs near
 the threshold, one small tuple each) and the shingle sets of the documents in those pairs, and
 runs the shared exact check, union-find and `plan.resolve`, so both engines keep the same
-documents. Kept records are
-written by the executors as a folder of part files in the input's format; the clusters file is
-written by the driver. Input is one JSONL or Parquet file (its order defines "first").
+documents. Kept records are written by the executors as a folder of part files in the input's
+format; the clusters file is written by the driver. Input is one JSONL or Parquet file (its
+order defines "first").
 
-Master: `--spark-master`, else `$SPARK_MASTER`, else `local[*]`; every other setting comes from
-the usual Spark configuration (spark-defaults.conf, `PYSPARK_SUBMIT_ARGS`).
+Master: `--spark-master`, else `$SPARK_MASTER`, else `local[*]` (`util/spark.py`).
 """
 
 from __future__ import annotations
 
-import os
-import re
-import sys
 import time
 from collections.abc import Iterator
 from itertools import islice
@@ -32,35 +28,14 @@ from trainguard.dedup.minhash import MinHasher, shingle_set
 from trainguard.dedup.normalise import exact_key, normalise
 from trainguard.dedup.plan import resolve, with_ids
 from trainguard.dedup.report import DedupReport, TextStats, check_params, default_clusters_path
-from trainguard.errors import BadInputError, DataError
+from trainguard.errors import DataError
 from trainguard.util.atomic import atomic_paths, check_writable
 from trainguard.util.inputs import open_parquet
 from trainguard.util.paths import is_url
+from trainguard.util.spark import executor_errors, get_spark
 
 _NORMAL, _EMPTY, _SHORT = 0, 1, 2
 _BATCH = 1024
-
-
-def get_spark(master: str | None = None) -> Any:
-    """A SparkSession for `master` (or $SPARK_MASTER, or local[*])."""
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise BadInputError(
-            "--engine spark needs PySpark, which is not installed",
-            "pip install 'trainguard[spark]' (and Java 17), or use --engine local",
-        ) from None
-    # Executors must run this interpreter, which has numpy, xxhash and trainguard.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    master = master or os.environ.get("SPARK_MASTER") or "local[*]"
-    return (
-        SparkSession.builder.appName("trainguard-dedup")
-        .master(master)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
 
 
 def _docs_partition(rows: Iterator[tuple[int, str, Any]], p: DedupParams) -> Iterator[tuple]:
@@ -93,15 +68,6 @@ def _bucket(members: Any, p: DedupParams) -> list[tuple[bool, int, int]]:
     idx = np.array([i for i, _ in items], dtype=np.int64)
     edges, unsure = bucket_links(idx, np.stack([s for _, s in items]), p)
     return [(True, a, b) for a, b in edges] + [(False, a, b) for a, b in unsure]
-
-
-def _bad_input_from(exc: Exception) -> DataError | None:
-    """A DataError raised on an executor arrives wrapped in Java's exception text."""
-    m = re.search(r"DataError: (.+)", str(exc))
-    if m is None:
-        return None
-    fix = re.search(r"fix: (.+)", str(exc))
-    return DataError(m.group(1).strip(), fix.group(1).strip() if fix else "fix that record")
 
 
 def _read(spark: Any, path: str, fmt: str, text_field: str, id_field: str) -> tuple[Any, Any]:
@@ -168,13 +134,8 @@ def dedup_file_spark(
     indexed, texts = _read(spark, in_str, fmt, text_field, id_field)
     p = params
     docs = texts.mapPartitions(lambda it: _docs_partition(it, p)).persist()
-    try:
+    with executor_errors():  # an executor's DataError, wrapped by Py4J
         flags = docs.map(lambda d: d[3]).countByValue()
-    except Exception as e:  # an executor's DataError, wrapped by Py4J
-        err = _bad_input_from(e)
-        if err is None:
-            raise
-        raise err from None
     n = int(sum(flags.values()))
     stats = TextStats(empty=int(flags.get(_EMPTY, 0)), short=int(flags.get(_SHORT, 0)))
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.data.parts import Part, file_parts
 from trainguard.errors import DataError
 from trainguard.util.inputs import open_parquet
 from trainguard.util.paths import is_url, refuse_overwrite
@@ -66,13 +67,41 @@ def iter_records(source: str | Path, text_field: str = "text") -> Iterator[Recor
     elif fmt == "parquet":
         yield from _iter_parquet(Path(source), text_field)
     elif fmt == "folder":
-        yield from _iter_folder(Path(source))
+        yield from _iter_files(_folder_files(Path(source)))
     else:
         # The embedded corpus exactly as `trainguard run` reads it (test folders excluded).
         from trainguard.data.corpus import iter_documents
 
-        for doc in iter_documents("stdlib"):
-            yield Record(doc.id, doc.text, {"id": doc.id, "text": doc.text, "source": doc.source})
+        yield from map(_stdlib_record, iter_documents("stdlib"))
+
+
+def _stdlib_record(doc: Any) -> Record:
+    return Record(doc.id, doc.text, {"id": doc.id, "text": doc.text, "source": doc.source})
+
+
+def record_parts(source: str | Path, target_bytes: int) -> list[Part]:
+    """`source` cut into parts that `iter_record_part` reads one by one: in order, exactly the
+    records of `iter_records` (the Spark engine's input)."""
+    fmt = source_format(source)
+    if fmt == "folder":
+        return file_parts(_folder_files(Path(source)), target_bytes)
+    from trainguard.data.corpus import source_parts
+
+    return source_parts(str(source), target_bytes)
+
+
+def iter_record_part(part: Part, fmt: str, text_field: str) -> Iterator[Record]:
+    """The records of one part of `record_parts` for a source of format `fmt`."""
+    if fmt == "jsonl":
+        yield from _iter_jsonl(Path(part.path), text_field, part.start, part.stop, part.first)
+    elif fmt == "parquet":
+        yield from _iter_parquet(Path(part.path), text_field, (part.start, part.stop), part.first)
+    elif fmt == "folder":
+        yield from _iter_files([(ident, Path(p)) for ident, p in part.files])
+    else:
+        from trainguard.data.corpus import CorpusStats, iter_part
+
+        yield from map(_stdlib_record, iter_part(part, "text", CorpusStats()))
 
 
 def _text_of(fields: dict[str, Any], text_field: str, where: str) -> str:
@@ -86,9 +115,17 @@ def _text_of(fields: dict[str, Any], text_field: str, where: str) -> str:
     return text
 
 
-def _iter_jsonl(path: Path, text_field: str) -> Iterator[Record]:
+def _iter_jsonl(
+    path: Path, text_field: str, start: int = 0, stop: int | None = None, first_line: int = 1
+) -> Iterator[Record]:
+    """The records of the lines in bytes [start, stop) (whole lines; `parts.jsonl_parts`)."""
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        f.seek(start)
+        pos = start
+        for lineno, raw in enumerate(f, first_line):
+            if stop is not None and pos >= stop:
+                break
+            pos += len(raw)
             if not raw.strip():
                 continue
             line = raw.decode("utf-8", errors="surrogateescape")
@@ -105,26 +142,36 @@ def _iter_jsonl(path: Path, text_field: str) -> Iterator[Record]:
             yield Record(str(fields.get("id", f"{path.name}:{lineno}")), text, fields)
 
 
-def _iter_parquet(path: Path, text_field: str) -> Iterator[Record]:
+def _iter_parquet(
+    path: Path, text_field: str, groups: tuple[int, int] | None = None, first_row: int = 0
+) -> Iterator[Record]:
+    """The records of row groups [groups[0], groups[1]) (all when None)."""
     pf = open_parquet(path, "data source", DataError)
     if text_field not in pf.schema_arrow.names:
         raise DataError(
             f"{path} has no column {text_field!r} (columns: {pf.schema_arrow.names})",
             f"pass --text-field with one of {pf.schema_arrow.names}",
         )
-    row = 0
-    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH):
+    row = first_row
+    row_groups = None if groups is None else list(range(*groups))
+    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH, row_groups=row_groups):
         for fields in batch.to_pylist():
             text = _text_of(fields, text_field, f"{path} row {row}")
             yield Record(str(fields.get("id", f"{path.name}:{row}")), text, fields)
             row += 1
 
 
-def _iter_folder(root: Path) -> Iterator[Record]:
+def _folder_files(root: Path) -> list[tuple[str, Path]]:
+    """(relative id, path) of a folder's files, sorted, hidden ones left out."""
+    out = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if any(part.startswith(".") for part in path.relative_to(root).parts):
-            continue
+        if not any(part.startswith(".") for part in path.relative_to(root).parts):
+            out.append((path.relative_to(root).as_posix(), path))
+    return out
+
+
+def _iter_files(files: list[tuple[str, Path]]) -> Iterator[Record]:
+    for rel, path in files:
         data = path.read_bytes()
         if b"\x00" in data[:1024]:
             continue  # binary file, not text

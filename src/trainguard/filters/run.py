@@ -20,7 +20,7 @@ from trainguard.filters.records import (
     parquet_schemas,
     source_format,
 )
-from trainguard.filters.registry import apply_rules, reasons, select_rules
+from trainguard.filters.registry import Rule, apply_rules, reasons, select_rules
 from trainguard.findings import Finding
 from trainguard.util.atomic import atomic_paths
 
@@ -82,26 +82,43 @@ def filter_source(
         RecordWriter(kept_tmp, fmt, kept_schema) as kept,
         RecordWriter(rejected_tmp, fmt, rejected_schema) as rejected,
     ):
-        for rec in iter_records(source, text_field):
-            summary.total += 1
-            flags = apply_rules(rec.text, config, rules)
-            if not flags:
-                kept.write(rec.fields)
-                continue
-            why = reasons(flags)
-            by_code.update(r["code"] for r in why)
-            codes_field, reasons_field = REJECT_FIELDS
-            rejected.write(
-                {
-                    **rec.fields,
-                    codes_field: [r["code"] for r in why],
-                    reasons_field: [f"{r['code']}: {r['message']}" for r in why],
-                }
-            )
+        summary.total = filter_into(
+            iter_records(source, text_field), config, rules, kept, rejected, by_code
+        )
     summary.kept, summary.rejected = kept.count, rejected.count
     summary.by_code = dict(by_code)
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+def filter_into(
+    records: Iterable[Record],
+    config: FilterConfig | None,
+    rules: tuple[Rule, ...],
+    kept: RecordWriter,
+    rejected: RecordWriter,
+    by_code: Counter[str],
+) -> int:
+    """Write each record to `kept` or, with its reasons, to `rejected`; count rejections per
+    code in `by_code`; return how many records were read (every engine runs this)."""
+    total = 0
+    codes_field, reasons_field = REJECT_FIELDS
+    for rec in records:
+        total += 1
+        flags = apply_rules(rec.text, config, rules)
+        if not flags:
+            kept.write(rec.fields)
+            continue
+        why = reasons(flags)
+        by_code.update(r["code"] for r in why)
+        rejected.write(
+            {
+                **rec.fields,
+                codes_field: [r["code"] for r in why],
+                reasons_field: [f"{r['code']}: {r['message']}" for r in why],
+            }
+        )
+    return total
 
 
 @dataclass
