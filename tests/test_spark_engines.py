@@ -4,6 +4,7 @@ local engines' results: the same prepared bytes, the same kept and rejected reco
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,11 @@ def prepare(source: Path, out: Path, *extra: str) -> dict:
 
 
 def test_prepare_spark_writes_the_local_engines_bytes(tmp_path, small_corpus, spark):
-    local = prepare(small_corpus, tmp_path / "local")
-    sp = prepare(small_corpus, tmp_path / "spark", "--engine", "spark")
+    source = tmp_path / "src"  # three packages of the session corpus: several parts, quick
+    for name in ("json", "html", "urllib"):
+        shutil.copytree(small_corpus / name, source / name)
+    local = prepare(source, tmp_path / "local")
+    sp = prepare(source, tmp_path / "spark", "--engine", "spark")
     assert sp["reused"] is False
     a, b = prepared_files(Path(local["dir"])), prepared_files(Path(sp["dir"]))
     assert sorted(a) == sorted(b)
@@ -137,3 +141,20 @@ def test_filter_spark_parquet_rows_match_local(tmp_path, spark):
         parts = sorted((tmp_path / f"sp{name}.parquet").glob("part-*"))
         spark_rows = [r for p in parts for r in pq.read_table(p).to_pylist()]
         assert spark_rows == pq.read_table(tmp_path / f"local{name}.parquet").to_pylist()
+
+
+def test_spark_engines_report_a_bad_record_as_bad_input(tmp_path, spark):
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "fine words here"}\n\n{"text": broken\n')
+    res = runner.invoke(
+        app, ["data", "filter", str(src), "--out", str(tmp_path / "o.jsonl"), "--engine", "spark"]
+    )
+    assert res.exit_code == 2, res.output
+    assert "in.jsonl:3 is not valid JSON" in res.output
+    res = runner.invoke(
+        app,
+        ["data", "prepare", str(src), "--out", str(tmp_path / "p"), "--engine", "spark"],
+    )
+    assert res.exit_code == 2, res.output
+    assert "in.jsonl:3 is not valid JSON" in res.output
+    assert not any((tmp_path / "p").glob("*/manifest.json"))  # nothing half-prepared left
