@@ -7,7 +7,8 @@ import typer
 _GROUPS: dict[str, typer.Typer] = {}
 
 _HELP = {
-    "data": "Prepare, deduplicate, filter and inspect training data.",
+    "data": "Prepare, deduplicate, filter and inspect training data; check it against evals and "
+    "check a loader's order.",
     "scale": "Gating runs and scaling-law fits that predict a big run's loss.",
 }
 

@@ -43,8 +43,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
-        """Check a data order before training: do windows of it mix sources like a random
-        order would?"""
+        """Check a loader's order before training: does it mix sources like a random order?"""
         from trainguard.checks.order_check import (
             labels_file,
             labels_prepared,
