@@ -346,6 +346,99 @@ ROWS = [
         says=cannot("{out}/f.jsonl"),
         fault="disk_full",
     ),
+    row(
+        "data-filter-spark-out-is-source",
+        *("data", "filter", "{good}", "--out", "{good}", "--engine", "spark"),
+        says=("is the input",),
+    ),
+    row(
+        "data-filter-spark-out-under-a-file",
+        *("data", "filter", "{good}", "--out", "{afile}/f.jsonl", "--engine", "spark"),
+        exit=1,
+        says=cannot("{afile}"),
+    ),
+    row(
+        "data-prepare-spark-source-is-url",
+        *("data", "prepare", "s3://bucket/data.jsonl", "--out", "{out}/p", *SMALL),
+        *("--engine", "spark"),
+        says=("URL",),
+    ),
+    # --- data contamination ---------------------------------------------------------------
+    *[
+        row(
+            f"data-contamination-{name}",
+            "data",
+            "contamination",
+            train,
+            "--evals",
+            spec,
+            *rest,
+            **kw,
+        )
+        for name, train, spec, rest, kw in [
+            ("train-missing", "{inputs}/missing.jsonl", "{spec_regex}", (), {"says": NOT_EXIST}),
+            ("train-lone-surrogate", "{surrogate}", "{spec_regex}", (), {"says": ("surrogate",)}),
+            ("train-fake-parquet", "{fake_parquet}", "{spec_regex}", (), {"says": ("Parquet",)}),
+            ("train-is-url", "s3://bucket/in.jsonl", "{spec_regex}", (), {"says": ("URL",)}),
+            ("spec-missing", "{good}", "{inputs}/nope.yaml", (), {"says": NOT_EXIST}),
+            ("spec-not-utf8", "{good}", "{spec_bad}", (), {"says": ("UTF-8",)}),
+            ("task-data-not-utf8", "{good}", "{spec_bad_data}", (), {"says": ("UTF-8",)}),
+            (
+                "containment-above-1",
+                "{good}",
+                "{spec_regex}",
+                ("--containment", "1.5"),
+                {"says": ("--containment",)},
+            ),
+            (
+                "val-fraction-above-half",
+                "{good}",
+                "{spec_regex}",
+                ("--val-fraction", "0.7"),
+                {"says": ("--val-fraction",)},
+            ),
+            ("builtin-needs-held-out", "{corpus}", "python_next_line", (), {"says": ("held-out",)}),
+        ]
+    ],  # fmt: skip
+    # --- data order-check -----------------------------------------------------------------
+    row("data-order-check-missing", "data", "order-check", "{inputs}/ids.txt", says=NOT_EXIST),
+    row(
+        "data-order-check-a-folder",
+        *("data", "order-check", "{inputs}"),
+        says=("is a folder",),
+        never_says=NOT_EXIST,
+    ),
+    row(
+        "data-order-check-not-utf8",
+        *("data", "order-check", "{metrics_bad_csv}"),
+        says=("not UTF-8",),
+    ),
+    row("data-order-check-no-sources", "data", "order-check", "{good}", says=("no source",)),
+    row(
+        "data-order-check-ids-not-integers",
+        *("data", "order-check", "{good}", "--sources", "{runs_csv}"),
+        says=("not an integer",),
+    ),
+    row(
+        "data-order-check-sources-not-utf8",
+        *("data", "order-check", "{runs_csv}", "--sources", "{metrics_bad_csv}"),
+        says=("UTF-8",),
+    ),
+    row(
+        "data-order-check-not-prepared",
+        *("data", "order-check", "{good}", "--prepared", "{not_prepared}", "--seq-len", "8"),
+        says=("not a prepared data folder",),
+    ),
+    row(
+        "data-order-check-sampler-not-importable",
+        *("data", "order-check", "no_such_module_xyz:factory"),
+        says=("cannot import",),
+    ),
+    row(
+        "data-order-check-count-below-2",
+        *("data", "order-check", "{good}", "--count", "1"),
+        says=("--count",),
+    ),
     # --- data inspect ---------------------------------------------------------------------
     row(
         "data-inspect-html-is-source",

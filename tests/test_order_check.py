@@ -147,14 +147,15 @@ def test_bad_input(tmp_path, labels_file):
     (tmp_path / "mixed.txt").write_text("1\tweb\n2\n")
     (tmp_path / "empty.txt").write_text("\n\n")
     cases = [
-        ([str(tmp_path / "nope.txt")], "neither a file nor"),
+        ([str(tmp_path / "nope.txt")], "does not exist"),
+        ([str(tmp_path)], "is a folder"),
         (["no_such_module_xyz:factory"], "cannot import"),
         (["json:no_such_factory"], "no callable"),
         ([str(ids)], "carry no source"),
         ([str(tmp_path / "words.txt"), "--sources", str(labels_file)], "not an integer"),
         ([str(tmp_path / "mixed.txt")], "some samples"),
         ([str(tmp_path / "empty.txt")], "holds no sample"),
-        ([str(ids), "--sources", str(tmp_path / "missing.txt")], "cannot read"),
+        ([str(ids), "--sources", str(tmp_path / "missing.txt")], "does not exist"),
         ([str(ids), "--prepared", str(tmp_path)], "--seq-len"),
         ([str(ids), "--prepared", str(tmp_path / "none"), "--seq-len", "8"], "does not exist"),
         ([str(ids), "--sources", str(labels_file), "--prepared", str(tmp_path)], "give one"),

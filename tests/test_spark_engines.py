@@ -107,14 +107,15 @@ def test_filter_spark_keeps_and_rejects_what_the_local_engine_does(tmp_path, spa
         part_bytes_of(tmp_path / "spark.rejected.jsonl")
         == (tmp_path / "local.rejected.jsonl").read_bytes()
     )
-    # Running again replaces the output folders; a file in the way is refused, not replaced.
+    # Running again replaces the output folders; a file in the way is a write failure (exit 1)
+    # found before any work, and the file is left as it was.
     again = run_filter(src, tmp_path / "spark.jsonl", "--engine", "spark")
     assert again["kept"] == local["kept"]
     res = runner.invoke(
         app,
         ["data", "filter", str(src), "--out", str(tmp_path / "local.jsonl"), "--engine", "spark"],
     )
-    assert res.exit_code == 2 and "is a file" in res.output
+    assert res.exit_code == 1 and "cannot write" in res.output, res.output
     assert (tmp_path / "local.jsonl").is_file()
 
 

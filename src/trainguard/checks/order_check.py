@@ -25,11 +25,17 @@ import numpy as np
 from trainguard.checks.shuffle_quality import shuffle_quality
 from trainguard.errors import BadInputError
 from trainguard.findings import Finding
+from trainguard.util.inputs import read_text, require_file
 
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 def _file_samples(path: Path) -> Iterator[tuple[str, str | None]]:
+    require_file(
+        path,
+        "order file",
+        "give a file of sample ids (one per line) or a Python sampler as module:factory",
+    )
     with open(path, encoding="utf-8", errors="strict") as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
@@ -79,16 +85,11 @@ def _factory_samples(spec: str) -> Iterator[tuple[Any, str | None]]:
 
 def read_order(order: str, count: int) -> tuple[list[Any], list[str] | None]:
     """The first `count` (ids, sources or None) of a file of ids or a `module:factory`."""
-    path = Path(order)
-    if path.is_file():
-        samples: Iterator[tuple[Any, str | None]] = _file_samples(path)
-    elif _FACTORY.match(order):
-        samples = _factory_samples(order)
+    # A `module:factory` that is not also a path is a sampler; anything else is a file of ids.
+    if _FACTORY.match(order) and not Path(order).exists():
+        samples: Iterator[tuple[Any, str | None]] = _factory_samples(order)
     else:
-        raise BadInputError(
-            f"order {order!r} is neither a file nor a `module:factory`",
-            "give a file of sample ids (one per line) or a Python sampler as module:factory",
-        )
+        samples = _file_samples(Path(order))
     try:
         taken = list(islice(samples, count))
     except BadInputError:
@@ -136,12 +137,9 @@ def _int_ids(ids: list[Any], n: int, where: str) -> np.ndarray:
 
 def labels_file(ids: list[Any], path: Path) -> list[str]:
     """Sources of integer ids from a file whose line i is the source of sample i."""
-    try:
-        labels = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInputError(
-            f"cannot read the sources file {path}: {e}", "give a UTF-8 text file"
-        ) from None
+    labels = read_text(
+        path, "sources file", "one source per line: line i is the source of sample i"
+    ).splitlines()
     arr = _int_ids(ids, len(labels), f"the {len(labels)} lines of {path}")
     return [labels[i] for i in arr.tolist()]
 

@@ -276,9 +276,7 @@ def source_parts(source: str, target_bytes: int = 64 << 20) -> list[Part]:
         return file_parts(stdlib_files() if kind == "stdlib" else _folder_files(path), target_bytes)
     if kind == "jsonl":
         return jsonl_parts(path, target_bytes)
-    import pyarrow.parquet as pq
-
-    meta = pq.ParquetFile(path).metadata
+    meta = open_parquet(path, "data source", DataError).metadata
     bytes_per_row = path.stat().st_size / max(meta.num_rows, 1)
     return parquet_parts(path, max(1, int(target_bytes / max(bytes_per_row, 1.0))))
 

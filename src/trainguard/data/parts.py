@@ -14,6 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainguard.errors import DataError
+from trainguard.util.inputs import open_parquet
+
 _SCAN = 1 << 24  # bytes read at a time while counting lines
 _MOST = 64 << 20
 
@@ -80,9 +83,7 @@ def jsonl_parts(path: Path, target_bytes: int) -> list[Part]:
 
 def parquet_parts(path: Path, target_rows: int) -> list[Part]:
     """Runs of whole row groups of about `target_rows` rows, each with its first row index."""
-    import pyarrow.parquet as pq
-
-    meta = pq.ParquetFile(path).metadata
+    meta = open_parquet(path, "data source", DataError).metadata
     parts: list[Part] = []
     first = group = row = 0
     for g in range(meta.num_row_groups):

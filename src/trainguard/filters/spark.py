@@ -6,10 +6,10 @@ the same writer code (`run.filter_into`), writing `part-<n>` files: the kept and
 outputs are folders of part files named like the local engine's files, whose part files in
 order hold exactly the local engine's records (JSONL: the same bytes). Both folders are written
 under temporary names and renamed into place at the end, so a failed run leaves the previous
-output as it was. The executors write into the output folders, so they must be reachable by
-them: local mode, or a shared filesystem. A Parquet OUT from a JSONL or folder source infers
-each part file's schema from its own records, as the local engine infers it from its first
-batch.
+output as it was; a file where a folder goes fails before any work. The executors write into
+the output folders, so they must be reachable by them: local mode, or a shared filesystem. A
+Parquet OUT from a JSONL or folder source infers each part file's schema from its own records,
+as the local engine infers it from its first batch.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Any
 
 from trainguard.data.corpus import source_bytes
 from trainguard.data.parts import part_bytes
-from trainguard.errors import BadInputError
 from trainguard.filters.base import FilterConfig
 from trainguard.filters.records import (
     RecordWriter,
@@ -35,6 +34,7 @@ from trainguard.filters.records import (
 )
 from trainguard.filters.registry import select_rules
 from trainguard.filters.run import FilterSummary, filter_into
+from trainguard.util.atomic import check_writable, make_temp_dir
 from trainguard.util.spark import executor_errors, get_spark
 
 
@@ -76,11 +76,7 @@ def filter_source_spark(
     select_rules(disabled)  # unknown names fail here, before Spark starts
     kept_path, rejected_path, fmt = output_paths(source, out)
     for path in (kept_path, rejected_path):
-        if path.exists() and not path.is_dir():
-            raise BadInputError(
-                f"{path} is a file; the Spark engine writes a folder of part files there",
-                "remove the file (a local engine output) or give another --out",
-            )
+        check_writable(path, folder=True)  # a file in the way, a read-only folder: now
     source_fmt = source_format(source)
     kept_schema = rejected_schema = None
     if fmt == "parquet" and source_fmt == "parquet":
@@ -88,10 +84,10 @@ def filter_source_spark(
     spark = get_spark(master)
     sc = spark.sparkContext
     parts = record_parts(source, part_bytes(source_bytes(str(source)), sc.defaultParallelism))
-    tmp = {p: p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in (kept_path, rejected_path)}
-    for folder in tmp.values():
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
+    tmp = {}
+    for path in (kept_path, rejected_path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp[path] = make_temp_dir(path.parent, prefix=f".{path.name}.tmp-")
     job = {
         "fmt": fmt,
         "source_fmt": source_fmt,
