@@ -72,6 +72,27 @@ class MemoryCheckpointer:
         return step
 
 
+def torchrun_argv(nproc: int) -> list[str]:
+    """`torchrun` as a user types it for `nproc` local processes, on the loopback interface
+    with a port the launcher picks (port 0): safe under pytest-xdist. Append the script (or
+    `-m module`) and its arguments."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:0",
+        "--local-addr",
+        "127.0.0.1",
+    ]
+
+
 def forge_manifest(step: int, files: dict[str, dict]) -> bytes:
     """A checkpoint manifest with a valid self-checksum, as anyone who can write the folder can
     make one: the self-checksum is integrity, not authenticity (docs/architecture.md)."""
