@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 
 def tiny_recipe_dict(corpus: Path, cache: Path) -> dict:
@@ -49,27 +47,6 @@ def run_cli(
         env=full_env,
         timeout=timeout,
     )
-
-
-class MemoryCheckpointer:
-    """Stands in for `trainguard.Checkpointer` (issue 11, part 2, written on another branch)
-    until it lands on main: the same `save(step, state)` / `load_latest(state)` contract
-    (restore every object in place, return the completed steps or None), held in memory."""
-
-    def __init__(self) -> None:
-        self.saved: dict[int, dict[str, Any]] = {}
-        self.last_findings: list = []
-
-    def save(self, step: int, state: dict[str, Any]) -> None:
-        self.saved[step] = {k: copy.deepcopy(v.state_dict()) for k, v in state.items()}
-
-    def load_latest(self, state: dict[str, Any]) -> int | None:
-        if not self.saved:
-            return None
-        step = max(self.saved)
-        for key, obj in state.items():
-            obj.load_state_dict(copy.deepcopy(self.saved[step][key]))
-        return step
 
 
 def torchrun_argv(nproc: int) -> list[str]:

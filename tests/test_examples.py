@@ -51,7 +51,7 @@ def example(script: str, out: Path, nproc: int, inject: str, device: str = "cpu"
     args += ["--checkpoint-every", str(EVERY), "--device", device, "--inject", inject]
     cmd = [*torchrun_argv(nproc), *args] if nproc else [sys.executable, *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
 
 
 def ok(res: subprocess.CompletedProcess) -> None:

@@ -23,8 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from runhelpers import MemoryCheckpointer
-from trainguard import ElasticSampler, Guard
+from trainguard import Checkpointer, ElasticSampler, Guard
 from trainguard.config.distributed import DistributedConfig
 
 CTX = multiprocessing.get_context("fork")
@@ -62,7 +61,7 @@ def _replica_worker(rank: int, world: int, tmp: Path) -> None:
     sampler = ElasticSampler(60, global_batch_size=6, seed=1)  # rank and world from dist
     data = torch.randn(60, 4, generator=torch.Generator().manual_seed(0))
     state = {"model": model, "optimizer": optimizer, "sampler": sampler, "guard": guard}
-    checkpointer = MemoryCheckpointer()  # each rank keeps a copy, as on a shared file system
+    checkpointer = Checkpointer(tmp / "checkpoints")  # collective: rank 0 writes, all read
     checkpointer.save(0, state)
     decisions, step, flipped = [], 0, False
     while step < 8:

@@ -1,27 +1,37 @@
 """`Guard.rollback` in a user's own loop: restore through the checkpointer, skip the bad steps'
 samples in the sampler, keep the rollback count and the earlier skips across the restore, so
 that the run ends bitwise where a run that never read the bad batches ends, and a fault that
-keeps coming back halts after `max_rollbacks`.
-
-`runhelpers.MemoryCheckpointer` stands in for `trainguard.Checkpointer` until it lands on main.
+keeps coming back halts after `max_rollbacks`. The checkpoints are real `trainguard.Checkpointer`
+ones on disk (the rollback reads back what was written, verified).
 """
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from runhelpers import MemoryCheckpointer
-from trainguard import ElasticSampler, Guard, GuardsConfig
+from trainguard import Checkpointer, ElasticSampler, Guard, GuardsConfig
 from trainguard.errors import RunHalted
 
 N, G, MAX_STEPS, EVERY = 64, 4, 14, 5  # 14 steps x 4 < 64 samples: one epoch
+
+
+@pytest.fixture(autouse=True)
+def rng_guard():
+    """A restore puts back the checkpoint's generator states: give this process its own back."""
+    t, r, n = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    yield
+    torch.set_rng_state(t)
+    random.setstate(r)
+    np.random.set_state(n)
 
 
 def dataset(poisoned: set[int]) -> TensorDataset:
@@ -49,7 +59,7 @@ def train(
     guard = Guard(run_dir=tmp_path, config=config)
     loader = DataLoader(dataset(set(poisoned)), sampler=sampler, batch_size=G)
     state = {"model": model, "optimizer": optimizer, "sampler": sampler, "guard": guard}
-    checkpointer = MemoryCheckpointer()
+    checkpointer = Checkpointer(tmp_path / "checkpoints")
     read: dict[int, list[int]] = {}
 
     step = checkpointer.load_latest(state) or 0
@@ -122,4 +132,4 @@ def test_rollback_without_a_checkpoint_halts(tmp_path: Path) -> None:
     guard = Guard(run_dir=tmp_path)
     sampler = ElasticSampler(N, global_batch_size=G, seed=3)
     with pytest.raises(RunHalted, match="no valid checkpoint"):
-        guard.rollback(MemoryCheckpointer(), {"sampler": sampler}, sampler)
+        guard.rollback(Checkpointer(tmp_path / "checkpoints"), {"sampler": sampler}, sampler)
