@@ -15,7 +15,7 @@
   each checkpoint, names stragglers and hung ranks.
 
 Rank 0 logs every step's global batch hash to OUT/steps.jsonl and the final weights (and their
-sha256) to OUT/model.safetensors; the guard's findings go to OUT/guard.jsonl.
+hash) to OUT/model.safetensors; the guard's findings go to OUT/guard.jsonl.
 """
 
 from __future__ import annotations
@@ -71,12 +71,9 @@ def main() -> None:
     checkpointer = trainguard.Checkpointer(args.out / "checkpoints", keep=3)
     log = StepLog(args.out / "steps.jsonl", rank)
 
-    def batches_from(step: int):
-        sampler.set_step(step)  # the next iterator starts at this step's global batch...
-        return iter(loader)  # ...so build a new one (a prefetched old one is stale)
-
     step = checkpointer.load_latest(state) or 0  # every rank; restores `state` in place
-    batches = batches_from(step)
+    sampler.set_step(step)  # the next iterator starts at this step's global batch
+    batches = iter(loader)
     while step < args.max_steps:
         faults.at_step(step, rank)
         lr = lr_at(step, args.max_steps)
@@ -103,7 +100,8 @@ def main() -> None:
         log.step(step, sampler, read, loss, decision.action)  # rank 0
         if decision.action == "rollback":  # restore the last checkpoint, skip the bad batches
             step = guard.rollback(checkpointer, state, sampler)
-            batches = batches_from(step)
+            sampler.set_step(step)
+            batches = iter(loader)  # a new iterator from the restored step
             continue
         decision.raise_if_halt()  # RunHalted names the findings
         if decision.apply:  # "skip": the guard cleared the gradients; the step moves on
@@ -118,7 +116,8 @@ def main() -> None:
         end = guard.end_step(step, model=raw, optimizer=optimizer, checkpoint_due=saving)
         if end.action == "rollback":  # H201: a replica diverged; no batches to skip
             step = guard.rollback(checkpointer, state, sampler)
-            batches = batches_from(step)
+            sampler.set_step(step)
+            batches = iter(loader)  # a new iterator from the restored step
             continue
         end.raise_if_halt()
         step += 1
@@ -126,9 +125,9 @@ def main() -> None:
             checkpointer.save(step, state)  # collective; `step` = completed steps
 
     digest = export_weights(raw, args.out / "model.safetensors", rank)
-    log.write(step=step, final=True, weights_sha256=digest)
+    log.write(step=step, final=True, weights_hash=digest)
     if rank == 0:
-        print(f"{step} steps; weights sha256 {digest}")
+        print(f"{step} steps; weights hash {digest}")
     checkpointer.close()
     guard.close()
     log.close()

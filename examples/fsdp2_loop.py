@@ -14,7 +14,7 @@ slice of every parameter and its optimizer state), so
 - gradient accumulation turns the reduce-scatter off until the last micro-batch.
 
 Rank 0 logs every step's global batch hash to OUT/steps.jsonl and the gathered final weights
-(and their sha256) to OUT/model.safetensors; the guard's findings go to OUT/guard.jsonl.
+(and their hash) to OUT/model.safetensors; the guard's findings go to OUT/guard.jsonl.
 """
 
 from __future__ import annotations
@@ -71,12 +71,9 @@ def main() -> None:
     checkpointer = trainguard.Checkpointer(args.out / "checkpoints", keep=3)  # sharded: found
     log = StepLog(args.out / "steps.jsonl", rank)
 
-    def batches_from(step: int):
-        sampler.set_step(step)  # the next iterator starts at this step's global batch...
-        return iter(loader)  # ...so build a new one (a prefetched old one is stale)
-
     step = checkpointer.load_latest(state) or 0  # every rank; DCP reshards into this world
-    batches = batches_from(step)
+    sampler.set_step(step)  # the next iterator starts at this step's global batch
+    batches = iter(loader)
     while step < args.max_steps:
         faults.at_step(step, rank)
         lr = lr_at(step, args.max_steps)
@@ -104,7 +101,8 @@ def main() -> None:
         log.step(step, sampler, read, loss, decision.action)  # rank 0
         if decision.action == "rollback":  # restore the last checkpoint, skip the bad batches
             step = guard.rollback(checkpointer, state, sampler)
-            batches = batches_from(step)
+            sampler.set_step(step)
+            batches = iter(loader)  # a new iterator from the restored step
             continue
         decision.raise_if_halt()  # RunHalted names the findings
         if decision.apply:  # "skip": the guard cleared the gradients; the step moves on
@@ -119,7 +117,8 @@ def main() -> None:
         end = guard.end_step(step, model=model, optimizer=optimizer, checkpoint_due=saving)
         if end.action == "rollback":  # H201 (HSDP): a replica diverged; no batches to skip
             step = guard.rollback(checkpointer, state, sampler)
-            batches = batches_from(step)
+            sampler.set_step(step)
+            batches = iter(loader)  # a new iterator from the restored step
             continue
         end.raise_if_halt()
         step += 1
@@ -127,9 +126,9 @@ def main() -> None:
             checkpointer.save(step, state)  # collective: every rank writes its own shards
 
     digest = export_weights(model, args.out / "model.safetensors", rank)  # gathers the shards
-    log.write(step=step, final=True, weights_sha256=digest)
+    log.write(step=step, final=True, weights_hash=digest)
     if rank == 0:
-        print(f"{step} steps; weights sha256 {digest}")
+        print(f"{step} steps; weights hash {digest}")
     checkpointer.close()
     guard.close()
     log.close()

@@ -6,8 +6,6 @@ fault injection the tests use. Replace these with your own model, data and loggi
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import math
 import os
 import signal
@@ -20,7 +18,9 @@ from torch.utils.data import Dataset
 
 from trainguard.config.schema import ModelConfig
 from trainguard.data.order import batch_hash
+from trainguard.metrics.jsonl import MetricsLog
 from trainguard.model.gpt import GPT
+from trainguard.util.hashing import file_checksum
 
 VOCAB, SEQ_LEN = 64, 16
 
@@ -77,12 +77,13 @@ def lr_at(step: int, max_steps: int, peak: float = 3e-3, warmup: int = 2) -> flo
 
 
 class StepLog:
-    """Rank 0's JSON lines, appended across restarts: one row per step the guard judged, with
-    the hash of the step's global batch (`run`'s `batch_hash`: the same for any world size) and
-    of the sample ids rank 0 actually read (`read_hash`; equal to `batch_hash` with one rank)."""
+    """Rank 0's JSON lines (trainguard's MetricsLog: appended across restarts, flushed per row,
+    NaN written as "nan"): one row per step the guard judged, with the hash of the step's
+    global batch (`run`'s `batch_hash`: the same for any world size) and of the sample ids rank
+    0 actually read (`read_hash`; equal to `batch_hash` with one rank)."""
 
     def __init__(self, path: Path, rank: int) -> None:
-        self.file = open(path, "a", encoding="utf-8") if rank == 0 else None  # noqa: SIM115
+        self.log = MetricsLog(path.parent, path.name) if rank == 0 else None
 
     def step(self, step: int, sampler, read: list[torch.Tensor], loss: torch.Tensor, action: str):
         self.write(
@@ -95,29 +96,25 @@ class StepLog:
         )
 
     def write(self, **row: object) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
+        if self.log is not None:
+            self.log.write(row)
 
     def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
+        if self.log is not None:
+            self.log.close()
 
 
 def export_weights(model: torch.nn.Module, path: Path, rank: int) -> str | None:
-    """Write the full weights to `path` (safetensors) on rank 0 and return their sha256 there.
-    A collective for an FSDP2 model (its shards are gathered to rank 0)."""
+    """Write the full weights to `path` (safetensors) on rank 0 and return the file's hash
+    there (xxh3-128; the same tensors always serialise to the same bytes). A collective for an
+    FSDP2 model (its shards are gathered to rank 0)."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = get_model_state_dict(model, options=options)
     if rank != 0:
         return None
-    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in sorted(full.items())}
-    save_file(tensors, str(path))
-    h = hashlib.sha256()
-    for name, t in tensors.items():
-        h.update(name.encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    # Cloned: the tied head and embedding are one tensor, which safetensors refuses to share.
+    save_file({k: v.detach().cpu().contiguous().clone() for k, v in full.items()}, str(path))
+    return file_checksum(path)
 
 
 class Faults:
