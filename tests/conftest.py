@@ -10,11 +10,36 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from runhelpers import tiny_recipe_dict
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-references",
+        action="store_true",
+        help="tests/test_recipes.py writes each shipped recipe's CI reference "
+        "(src/trainguard/recipes/<name>.ci.ref.json) instead of comparing with it",
+    )
+
+
+@pytest.fixture
+def torch_globals():
+    """run_recipe sets process-wide torch state (threads, determinism, seeds): restore it."""
+    threads = torch.get_num_threads()
+    det = torch.are_deterministic_algorithms_enabled()
+    warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    rng = torch.get_rng_state()
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(det, warn_only=warn)
+    torch.set_rng_state(rng)
+
+
 # A fixed slice of real Python source: deterministic, small enough for a quick tokenizer.
 CORPUS_MODULES = ("json", "email", "html", "http", "urllib", "logging", "xml/dom")
 

@@ -10,22 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from runhelpers import tiny_recipe_dict
-
-
-@pytest.fixture
-def torch_globals():
-    """run_recipe sets process-wide torch state (threads, determinism, seeds): restore it."""
-    threads = torch.get_num_threads()
-    det = torch.are_deterministic_algorithms_enabled()
-    warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    rng = torch.get_rng_state()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det, warn_only=warn)
-    torch.set_rng_state(rng)
 
 
 def test_run_and_resume_through_an_unreliable_store(

@@ -10,6 +10,7 @@ _HELP = {
     "data": "Prepare, deduplicate, filter and inspect training data; check it against evals and "
     "check a loader's order.",
     "scale": "Gating runs and scaling-law fits that predict a big run's loss.",
+    "reference": "Reference curves: a known-good run that later runs are compared with.",
 }
 
 

@@ -191,10 +191,19 @@ def register(app: typer.Typer) -> None:
                 "without it such a resume stops with exit 1.",
             ),
         ] = False,
+        force: Annotated[
+            bool,
+            typer.Option(
+                "--force",
+                help="Compare with reference.path even if it was recorded for another recipe "
+                "(recipe key reference.force); the differing keys are reported (R505).",
+            ),
+        ] = False,
     ) -> None:
         """Prepare data, run pre-flight checks, train with verified checkpoints and auto-resume,
         evaluate, and write a report. Running it again in the same run dir resumes."""
-        from trainguard.config.load import load_recipe
+        from trainguard.config.load import load_recipe, recipe_to_dict
+        from trainguard.reference.select import select_reference
         from trainguard.train.launch import check_launch_args
         from trainguard.train.run import run_recipe
 
@@ -204,7 +213,10 @@ def register(app: typer.Typer) -> None:
             check_launch_args(nproc, max_restarts)  # --max-restarts -1 is wrong without --nproc too
             if doctor:
                 overrides = [*(overrides or []), "preflight.doctor=true"]
+            if force:
+                overrides = [*(overrides or []), "reference.force=true"]
             resolved = load_recipe(recipe, overrides)  # bad recipes fail here, before any launch
+            select_reference(recipe_to_dict(resolved))  # so do bad or mismatched references
             folder = run_dir or Path("runs") / resolved.name
             # The run writes metrics, checkpoints and reports into its run dir: never into the
             # corpus (which would also change the data under a resumed run). Resuming with the

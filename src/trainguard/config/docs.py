@@ -6,6 +6,7 @@ import typing
 
 from pydantic import BaseModel
 
+from trainguard.config.identity import operational_keys_markdown
 from trainguard.config.schema import Recipe
 
 
@@ -45,4 +46,4 @@ def render_markdown() -> str:
     for key, kind, default, doc in _rows(Recipe):
         kind, default, doc = (x.replace("|", "/") for x in (kind, default, doc))
         lines.append(f"| `{key}` | {kind} | {default} | {doc} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + operational_keys_markdown()

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from trainguard.config.identity import flatten
 from trainguard.config.schema import Recipe
 from trainguard.errors import ConfigError
 from trainguard.util.inputs import read_text
@@ -161,18 +162,7 @@ def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
     return recipe.model_dump(mode="json")
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def recipe_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """Keys whose values differ, as {dotted key: (old, new)}."""
-    a, b = _flatten(old), _flatten(new)
+    a, b = flatten(old), flatten(new)
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}

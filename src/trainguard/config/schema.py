@@ -185,6 +185,29 @@ class PredictionConfig(_Section):
     """Consecutive off-track evaluations before the alarm fires."""
 
 
+class ReferenceConfig(_Section):
+    path: str | None = None
+    """A reference curve from `trainguard reference record RUN_DIR --out REF.json`: the run's
+    training loss is compared with it step by step. Default: the reference shipped next to a
+    shipped recipe when one was recorded at exactly this recipe's settings (`trainguard
+    recipes` lists them); none otherwise. A reference of another recipe (any non-operational
+    key differs, docs/recipes.md#operational-keys) is refused unless `force`."""
+    enabled: bool = True
+    """Compare with the reference; false ignores `path` and the shipped references."""
+    force: bool = False
+    """Use a `path` recorded for another recipe anyway (`trainguard run --force` sets it): the
+    differing keys are reported (R505) and the curve is compared with the band only."""
+    interval: int = Field(10, ge=1)
+    """Steps between verdicts on the band (every step's loss feeds the comparison; a bitwise
+    departure is reported at once)."""
+    threshold: float = Field(5.0, gt=0.0)
+    """How far outside the band, accumulated, the loss may go before R501: a CUSUM decision
+    limit in units of the reference's noise (its robust scale around its own smoothed curve)."""
+    allowance: float = Field(0.5, ge=0.0)
+    """Half-width of the band around the reference, in units of its noise: steps within it
+    accumulate nothing (the CUSUM allowance)."""
+
+
 class Recipe(_Section):
     """A complete, validated training recipe."""
 
@@ -212,6 +235,8 @@ class Recipe(_Section):
     """Where a scaling-law fit says this run's loss should land (the off-track alarm)."""
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     """Where metrics and findings go besides `metrics.jsonl`: TensorBoard, W&B."""
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
+    """The known-good curve this run is compared with (`trainguard reference record`)."""
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     """Several processes (`trainguard run --nproc N`, torchrun): timeouts, replica checks,
     stragglers, hung ranks."""

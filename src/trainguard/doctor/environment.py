@@ -114,7 +114,7 @@ def comm_settings(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(env.items()) if k.startswith(COMM_PREFIXES) or k in COMM_EXTRA}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -154,7 +154,7 @@ def collect_environment(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {
         "versions": software_versions(),
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": cores,
         "torch_threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),

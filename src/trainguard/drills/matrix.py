@@ -52,10 +52,13 @@ class DrillRow:
     """The fault plan (`TRAINGUARD_INJECT`) of the drill's run, if any."""
     trains: bool = True
     """False for pre-flight drills: nothing is trained, there is no loss to compare."""
+    quiet: bool = False
+    """A row that passes by raising no alarm, like the clean run (e.g. clean reruns compared
+    with a reference)."""
 
     @property
     def is_clean(self) -> bool:
-        return self.name == "clean"
+        return self.name == "clean" or self.quiet
 
     @property
     def ok_detected(self) -> bool:
@@ -119,7 +122,7 @@ def verdict(rows: list[DrillRow]) -> list[Finding]:
             out.append(
                 Finding.of(
                     "R403",
-                    f"the clean drill run raised {', '.join(r.alarms)}",
+                    f"the {r.name} drill run raised {', '.join(r.alarms)}",
                     where="clean",
                     data={"alarms": r.alarms},
                 )

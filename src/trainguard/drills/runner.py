@@ -150,14 +150,20 @@ class DrillContext:
         return self.workdir / name
 
     def launch(
-        self, name: str, inject: str | None = None, extra: tuple[str, ...] = ()
+        self,
+        name: str,
+        inject: str | None = None,
+        extra: tuple[str, ...] = (),
+        planted: str | None = None,
     ) -> RunOutcome:
-        """One `trainguard run` process in run dir `name` (an existing one resumes)."""
+        """One `trainguard run` process in run dir `name` (an existing one resumes); `planted`
+        runs it with a subtle software change (`drills/planted.py`)."""
         run_dir = self.run_dir(name)
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         if inject:
             env[ENV_VAR] = inject
-        args = [sys.executable, "-m", "trainguard", "run", self.recipe, "--run-dir", str(run_dir)]
+        module = ["trainguard.drills.planted", planted] if planted else ["trainguard"]
+        args = [sys.executable, "-m", *module, "run", self.recipe, "--run-dir", str(run_dir)]
         args += ["--json", "-q", *self.run_args]
         for s in [*self.settings(), *extra]:
             args += ["--set", s]

@@ -258,7 +258,8 @@ def low_precision_reduction(ctx: DrillContext) -> DrillRow:
 
 
 from trainguard.drills.doctor_scenarios import DOCTOR_DRILLS  # noqa: E402
+from trainguard.drills.reference_scenarios import REFERENCE_DRILLS  # noqa: E402
 
-for _name, (_fault, _fn) in DOCTOR_DRILLS.items():
+for _name, (_fault, _fn) in {**DOCTOR_DRILLS, **REFERENCE_DRILLS}.items():
     drill(_name, _fault)(_fn)
 import trainguard.drills.multiproc_scenarios  # noqa: E402, F401  (registers the --nproc drills)

@@ -1,6 +1,7 @@
 """Evaluation first inside `trainguard run`: refuse a recipe without a use-case eval, lint the
 specs in pre-flight, run the evals before the first step, every K steps and at the end, and
-flag a run that leaves the loss band a scaling-law fit predicted for it.
+flag a run that leaves the loss band a scaling-law fit predicted for it, or the curve of its
+reference run (`monitors/reference.py`, built by `train/reference_hook.py`).
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.evals.config import require_use_case_eval
 from trainguard.findings import Finding
+from trainguard.train.reference_hook import RunReference
 
 if TYPE_CHECKING:
     from trainguard.train.run import RunSession
 
 
 class RunEvals:
-    """The eval schedule and the off-track alarm of one run."""
+    """The eval schedule and the on-track alarms (scaling-law band, reference curve) of one run."""
 
     def __init__(self, session: RunSession, enabled: bool = True) -> None:
         self.session = session
@@ -26,6 +28,8 @@ class RunEvals:
             require_use_case_eval(self.cfg)  # before any expensive work
         self.schedule = None
         self.offtrack = None
+        # Before any expensive work: an unreadable reference or another recipe's is exit 2.
+        self.reference = RunReference(session)
 
     def attach_data(self) -> None:
         """Once data and tokenizer exist: build the schedule and the off-track monitor."""
@@ -44,6 +48,7 @@ class RunEvals:
             self.offtrack = OffTrackMonitor(
                 PredictionBand.load(band_path), margin=p.margin, patience=p.patience
             )
+        self.reference.attach_data()
 
     def lint(self) -> list[Finding]:
         if not (self.enabled and self.cfg.lint):
@@ -79,12 +84,18 @@ class RunEvals:
             tokens = self.session.state.tokens_seen
             self.session.record(self.offtrack.update(step, {**result, "tokens": tokens}))
 
+    def after_step(self, step: int, metrics: dict[str, Any]) -> None:
+        """Feed a finished step's loss and batch hash to the reference comparison."""
+        self.reference.after_step(step, metrics)
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {}
         if self.schedule is not None:
             state["schedule"] = self.schedule.state_dict()
         if self.offtrack is not None:
             state["offtrack"] = self.offtrack.state_dict()
+        if (reference := self.reference.state_dict()) is not None:
+            state["reference"] = reference
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -92,3 +103,4 @@ class RunEvals:
             self.schedule.load_state_dict(state["schedule"])
         if self.offtrack is not None and "offtrack" in state:
             self.offtrack.load_state_dict(state["offtrack"])
+        self.reference.load_state_dict(state.get("reference"))

@@ -110,6 +110,7 @@ class RunSession:
         self.store = open_store(self.recipe, self.run_dir, self.dist)
         probe_store(self.store, checkpoint_root(self.recipe, self.run_dir))
         set_determinism(self.recipe)
+        self.env["torch_threads"] = torch.get_num_threads()  # train.threads, now applied
         self.data = prepare_data(
             self.recipe.data, self.recipe.tokenizer, progress=self.progress_enabled and self.is_main
         )
@@ -351,6 +352,7 @@ class RunSession:
                             "action": decision.action,
                         }
                     )
+                self.evals.after_step(step, {"loss": out.loss, "batch_hash": out.batch_hash})
                 if step in self.replayed_hashes:
                     expected = {step: self.replayed_hashes.pop(step)}
                     self.record(compare_batch_hashes(expected, {step: out.batch_hash}))

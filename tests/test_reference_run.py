@@ -1,0 +1,243 @@
+"""Reference curves in real runs: `trainguard reference record` and its refusals, and runs of the
+tiny recipe compared with the recorded reference: a clean rerun (bitwise equal, operational keys
+changed), another thread count (the band), planted changes (an attention scale, a tokenizer
+merge: caught), another recipe's reference (refused; --force), a truncated reference, and the
+comparison's state across a kill and resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import trainguard.data.prepare as prepare
+import trainguard.model.gpt as gpt
+import trainguard.train.run as run_module
+from runhelpers import run_cli, tiny_recipe_dict
+from trainguard.cli import app
+from trainguard.config.load import apply_override, validate_recipe
+from trainguard.drills import planted
+from trainguard.reference.curve import load_reference
+from trainguard.train.envinfo import environment_fingerprint
+from trainguard.train.run import run_recipe
+
+runner = CliRunner()
+WARNINGS = ("R501", "R502", "R503", "R504", "R505", "H101")
+
+
+@pytest.fixture(scope="module")
+def reference_file(finished_tiny_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The finished 12-step tiny run, recorded with the real command."""
+    out = tmp_path_factory.mktemp("reference") / "tiny.ref.json"
+    res = runner.invoke(app, ["reference", "record", str(finished_tiny_run), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def run_tiny(corpus: Path, cache: Path, run_dir: Path, *overrides: str):
+    raw = tiny_recipe_dict(corpus, cache)
+    for o in overrides:
+        apply_override(raw, o)
+    result = run_recipe(validate_recipe(raw), run_dir, progress=False, report=False, evals=False)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    event = next(r for r in rows if r.get("event") == "reference")
+    return result, event
+
+
+def by_code(findings, code: str):
+    return [f for f in findings if f.code == code]
+
+
+def test_record_writes_the_curve_and_refuses_bad_runs(
+    reference_file: Path, finished_tiny_run: Path, tiny_run_copy: Path, tmp_path: Path
+) -> None:
+    curve = load_reference(reference_file)
+    metrics = [
+        json.loads(x) for x in (finished_tiny_run / "metrics.jsonl").read_text().split("\n") if x
+    ]
+    steps = [r for r in metrics if r.get("kind") == "step"]
+    assert curve.steps == list(range(1, 13)) and curve.loss == [r["loss"] for r in steps]
+    assert curve.batch_hash == [r["batch_hash"] for r in steps]
+    assert [e["step"] for e in curve.evals] == [6, 12]
+    assert curve.single_environment and curve.data_identity is not None
+    assert curve.env["torch_threads"] == 1  # the recipe's train.threads, not torch's default
+
+    def record(run_dir: Path, out: Path):
+        return runner.invoke(app, ["reference", "record", str(run_dir), "--out", str(out)])
+
+    # Output over an input: refused before anything is written; the input is untouched.
+    before = (tiny_run_copy / "metrics.jsonl").read_bytes()
+    for out in (
+        tiny_run_copy / "metrics.jsonl",
+        tiny_run_copy,
+        tiny_run_copy / "checkpoints" / "ref.json",
+        tiny_run_copy / "recipe.yaml",
+    ):
+        res = record(tiny_run_copy, out)
+        assert res.exit_code == 2 and "would overwrite the input" in res.output, res.output
+    assert (tiny_run_copy / "metrics.jsonl").read_bytes() == before
+    assert record(tiny_run_copy, tiny_run_copy / "ref.json").exit_code == 0  # beside is fine
+
+    # An unfinished run: its log ends at step 8 (a crash), no end event.
+    lines = before.decode().splitlines()
+    kept = [x for x in lines if (json.loads(x).get("step") or 0) <= 8 and "end" not in x]
+    (tiny_run_copy / "metrics.jsonl").write_text("\n".join(kept) + "\n")
+    res = record(tiny_run_copy, tmp_path / "a.json")
+    assert res.exit_code == 2 and "unfinished (step 8 of 12)" in res.output, res.output
+    assert not (tmp_path / "a.json").exists()
+    res = record(tmp_path / "nowhere", tmp_path / "b.json")
+    assert res.exit_code == 2 and "does not exist" in res.output
+    res = record(tmp_path, tmp_path / "c.json")
+    assert res.exit_code == 2 and "not a run dir" in res.output
+
+
+def test_clean_rerun_is_bitwise_equal_even_with_operational_keys_changed(
+    reference_file: Path, small_corpus: Path, cache_dir: Path, tmp_path: Path, torch_globals
+) -> None:
+    result, event = run_tiny(
+        small_corpus,
+        cache_dir,
+        tmp_path / "run",
+        f"reference.path={reference_file}",
+        "train.eval_interval=5",
+        "train.log_interval=1",
+        "checkpoint.interval=3",
+        "checkpoint.keep=1",
+    )
+    assert event["bitwise_expected"], event
+    assert not [f for f in result.findings if f.code in WARNINGS], result.findings
+    (summary,) = by_code(result.findings, "R506")
+    assert summary.data["bitwise_equal"] and summary.data["compared"] == 12
+
+
+def test_another_thread_count_stays_in_the_band(
+    reference_file: Path, small_corpus: Path, cache_dir: Path, tmp_path: Path, torch_globals
+) -> None:
+    result, event = run_tiny(
+        small_corpus,
+        cache_dir,
+        tmp_path / "run",
+        f"reference.path={reference_file}",
+        "train.threads=2",
+    )
+    assert not event["bitwise_expected"]
+    assert event["not_bitwise_because"] == {"torch_threads": {"then": 1, "now": 2}}
+    assert not [f for f in result.findings if f.code in WARNINGS], result.findings
+    (summary,) = by_code(result.findings, "R506")
+    assert summary.data["compared"] == 12 and summary.data["band_departure"] is None
+
+
+def test_planted_attention_scale_is_caught_with_the_revision_that_changed(
+    reference_file: Path,
+    small_corpus: Path,
+    cache_dir: Path,
+    tmp_path: Path,
+    torch_globals,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gpt, "F", gpt.F)  # undone after the test
+    planted.attention_scale()
+    # The code change came with a new revision of the checkout: H101 names it.
+    env = {**environment_fingerprint(), "git_revision": "f" * 40}
+    monkeypatch.setattr(run_module, "environment_fingerprint", lambda: dict(env))
+    result, event = run_tiny(
+        small_corpus, cache_dir, tmp_path / "run", f"reference.path={reference_file}"
+    )
+    assert event["bitwise_expected"]  # the revision is what is tested, not a reason to give up
+    (departure,) = by_code(result.findings, "R502")
+    (drift,) = by_code(result.findings, "H101")
+    assert departure.step == 1 and drift.step == 1
+    assert "git_revision" in drift.data["changed"] and "f" * 40 in drift.message
+    (summary,) = by_code(result.findings, "R506")
+    assert not summary.data["bitwise_equal"] and summary.data["bitwise_departure"] == 1
+
+
+def test_planted_tokenizer_merge_is_other_data(
+    reference_file: Path,
+    small_corpus: Path,
+    tmp_path: Path,
+    torch_globals,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(prepare, "train_tokenizer", prepare.train_tokenizer)
+    planted.tokenizer_merge()
+    result, _ = run_tiny(  # its own cache: the cached tokenizer would be reused
+        small_corpus, tmp_path / "cache", tmp_path / "run", f"reference.path={reference_file}"
+    )
+    (other,) = by_code(result.findings, "R503")
+    assert "the tokenizer" in other.message
+    assert not by_code(result.findings, "R506")  # nothing compared across different data
+
+
+def test_reference_of_another_recipe_or_truncated_is_refused(
+    reference_file: Path, tiny_recipe: Path, tmp_path: Path, torch_globals
+) -> None:
+    base = ["run", str(tiny_recipe), "--run-dir", str(tmp_path / "run"), "-q", "--no-evals"]
+    res = runner.invoke(
+        app, [*base, "--set", f"reference.path={reference_file}", "--set", "train.lr=0.001"]
+    )
+    assert res.exit_code == 2, res.output
+    assert "train.lr: 0.003 in the reference, 0.001 here" in res.output
+    assert "--force" in res.output
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(reference_file.read_text()[:-200])
+    res = runner.invoke(app, [*base, "--set", f"reference.path={truncated}"])
+    assert res.exit_code == 2 and "is truncated" in res.output, res.output
+
+    # --force: compared anyway, the differences reported, never bitwise.
+    res = runner.invoke(
+        app,
+        [
+            *base,
+            "--json",
+            "--force",
+            "--set",
+            f"reference.path={reference_file}",
+            "--set",
+            "train.lr=0.001",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    findings = json.loads(res.stdout)["findings"]
+    (forced,) = [f for f in findings if f["code"] == "R505"]
+    assert "train.lr" in forced["data"]["differences"]
+    recipe = yaml.safe_load((tmp_path / "run" / "recipe.yaml").read_text())
+    assert recipe["reference"]["force"] is True  # the decision is recorded with the run
+    summary = next(f for f in findings if f["code"] == "R506")["data"]
+    assert not summary["bitwise_expected"]
+
+
+@pytest.mark.slow  # two processes; the state's round trip is unit-tested in test_reference.py
+def test_comparison_state_survives_a_kill_and_resume(
+    reference_file: Path, tiny_recipe: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [
+        "run",
+        str(tiny_recipe),
+        "--run-dir",
+        str(run_dir),
+        "--json",
+        "-q",
+        "--no-evals",
+        "--set",
+        f"reference.path={reference_file}",
+    ]
+    killed = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@6:backward"})
+    assert killed.returncode == -9, killed.stderr
+    resumed = run_cli(*args)
+    assert resumed.returncode == 0, resumed.stderr
+    payload = json.loads(resumed.stdout)
+    assert payload["resumed_from"] == 4
+    codes = [f["code"] for f in payload["findings"]]
+    assert not set(codes) & set(WARNINGS), codes
+    summary = next(f for f in payload["findings"] if f["code"] == "R506")["data"]
+    # Steps 1-4 were compared before the kill (their state came back with checkpoint 4).
+    assert summary["compared"] == 12 and summary["bitwise_equal"]
+    shutil.rmtree(run_dir)
