@@ -208,6 +208,31 @@ def test_verdict_codes() -> None:
     assert [f.code for f in verdict([noisy])] == ["R403"]
     assert [f.code for f in verdict([missed])] == ["R401"]
     assert [f.code for f in verdict([far])] == ["R402"]
+    # A quiet row (clean reruns against a reference) passes like the clean run, by silence.
+    rerun = DrillRow("reference_rerun", "reruns", [], finished=True, quiet=True, trains=False)
+    assert verdict([rerun]) == []
+    rerun.alarms = ["R502"]
+    (noisy_rerun,) = verdict([rerun])
+    assert noisy_rerun.code == "R403" and "reference_rerun" in noisy_rerun.message
+
+
+@pytest.mark.slow
+def test_reference_drills_catch_planted_changes_and_stay_quiet_on_reruns(
+    small_corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """A clean tiny run recorded as the reference; reruns quiet (bitwise; 2 threads in the
+    band), each planted change caught by its code."""
+    from trainguard.drills.reference_scenarios import REFERENCE_DRILLS
+
+    result = run_drills(tuple(REFERENCE_DRILLS), small_corpus, cache_dir, tmp_path)
+    bad = [(r["name"], r["detected"], r["note"]) for r in result["rows"] if not r["ok"]]
+    assert not bad, bad
+    assert row(result, "reference_attention")["detected"][0] == "R502"
+    assert row(result, "reference_init")["detected"][0] == "R502"
+    assert row(result, "reference_tokenizer")["detected"] == ["R503"]
+    assert "R501" in row(result, "reference_schedule")["detected"]
+    assert "bitwise equal" in row(result, "reference_rerun")["action"]
+    assert result["returncode"] == 0, result["stderr"][-2000:]
 
 
 def test_unknown_drill_is_bad_input(tmp_path: Path) -> None:

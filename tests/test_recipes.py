@@ -69,6 +69,9 @@ def test_recipes_command_lists_the_library() -> None:
     for name in CATALOG:
         ci = next(r for r in entries[name]["references"] if r["settings"] == "CI (tiny)")
         assert ci["status"] == "current", (name, ci)
+        # A shipped full-size reference must belong to the recipe as shipped (not stale).
+        full = next(r for r in entries[name]["references"] if r["settings"] == "shipped")
+        assert full["status"] in ("current", "pending", "pending a GPU run"), (name, full)
         assert "tests/test_recipes.py" in entries[name]["tested"]["ci"]
     gpu = next(r for r in entries["gpt-small-gpu"]["references"] if r["settings"] == "shipped")
     assert gpu["status"] == "pending a GPU run"

@@ -38,11 +38,12 @@ def reference_file(finished_tiny_run: Path, tmp_path_factory: pytest.TempPathFac
     return out
 
 
-def run_tiny(corpus: Path, cache: Path, run_dir: Path, *overrides: str):
+def run_tiny(corpus: Path, cache: Path, run_dir: Path, *overrides: str, evals: bool = False):
     raw = tiny_recipe_dict(corpus, cache)
     for o in overrides:
         apply_override(raw, o)
-    result = run_recipe(validate_recipe(raw), run_dir, progress=False, report=False, evals=False)
+    recipe = validate_recipe(raw)
+    result = run_recipe(recipe, run_dir, progress=False, report=False, evals=evals)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     event = next(r for r in rows if r.get("event") == "reference")
     return result, event
@@ -95,7 +96,7 @@ def test_record_writes_the_curve_and_refuses_bad_runs(
     assert res.exit_code == 2 and "not a run dir" in res.output
 
 
-def test_clean_rerun_is_bitwise_equal_even_with_operational_keys_changed(
+def test_clean_rerun_is_bitwise_equal_with_operational_keys_changed(
     reference_file: Path, small_corpus: Path, cache_dir: Path, tmp_path: Path, torch_globals
 ) -> None:
     result, event = run_tiny(
@@ -107,6 +108,9 @@ def test_clean_rerun_is_bitwise_equal_even_with_operational_keys_changed(
         "train.log_interval=1",
         "checkpoint.interval=3",
         "checkpoint.keep=1",
+        "evals.interval=5",  # use-case evals between steps (the reference ran without)
+        "evals.max_examples=20",
+        evals=True,
     )
     assert event["bitwise_expected"], event
     assert not [f for f in result.findings if f.code in WARNINGS], result.findings

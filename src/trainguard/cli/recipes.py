@@ -17,19 +17,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List the shipped recipes: what each is for, its reference curves (full size and CI
         size), and what was tested where. Run one with `trainguard run NAME`."""
-        from rich.table import Table
-
         from trainguard.reference.catalog import catalog
 
         entries = catalog()
         if not as_json:
-            table = Table(title="Shipped recipes", show_lines=True)
-            for col in ("recipe", "for", "tested", "references"):
-                table.add_column(col, overflow="fold")
             for e in entries:
-                tested = "\n".join(f"{k}: {v}" for k, v in e.get("tested", {}).items())
-                refs = "\n".join(f"{r['file']}: {r['status']}" for r in e.get("references", []))
-                what = e.get("purpose") or e.get("description", "")
-                table.add_row(e["name"], what, tested or "not in the tested library", refs)
-            console.print(table)
+                console.print(f"[bold]{e['name']}[/]: {e.get('description', '')}", soft_wrap=True)
+                if "purpose" not in e:
+                    console.print("  not in the tested library", soft_wrap=True)
+                    continue
+                console.print(f"  for: {e['purpose']}", markup=False, soft_wrap=True)
+                for kind, text in e["tested"].items():
+                    console.print(f"  tested ({kind}): {text}", markup=False, soft_wrap=True)
         emit([], as_json, extra={"recipes": entries}, title="recipes")

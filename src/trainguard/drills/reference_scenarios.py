@@ -73,6 +73,23 @@ def _detection_step(out: RunOutcome, codes: tuple[str, ...]) -> int | None:
     return min(steps) if steps else None
 
 
+def _action(finding: dict[str, Any]) -> str:
+    data = finding.get("data") or {}
+    if finding["code"] == "R501":
+        return (
+            f"reported: left the band at step {data.get('first_step')} (verdict at step "
+            f"{data.get('verdict_step')}, {data.get('mean_difference', 0):+.3f} nats per step)"
+        )
+    if finding["code"] == "R502":
+        return (
+            f"reported: bitwise departure at step {data.get('first_step')} "
+            f"({data.get('difference', 0):+.2g} nats)"
+        )
+    if finding["code"] == "R503":
+        return f"reported before step 1: {', '.join(data.get('changed', []))} changed"
+    return "reported: " + finding["message"][:120]
+
+
 def planted_row(ctx: DrillContext, name: str, planted: str, expected: str, *extra: str) -> DrillRow:
     out = compared(ctx, name, planted, *extra)
     row = DrillRow(name, "", [expected], inject=f"planted {planted}", trains=False)
@@ -81,7 +98,7 @@ def planted_row(ctx: DrillContext, name: str, planted: str, expected: str, *extr
     row.steps_to_detect = None if at is None else max(0, at - 1)  # planted from step 1 on
     first = next((f for f in out.findings if f["code"] == expected), None)
     if first is not None:
-        row.action = f"reported: {first['message'][:160]}"
+        row.action = _action(first)
     row.steps_lost = 0
     row.finished = out.returncode == 0 and out.final_step == ctx.plan.max_steps
     row.final_loss = out.final_loss

@@ -124,8 +124,9 @@ def describe(name: str) -> dict[str, Any]:
             else f"CI reference {ci['status']}: {ci['record_with']}"
         ),
         "full": (
-            f"{full['steps']} steps at the shipped settings on {full['where_text']}, recorded "
-            f"{full['recorded_at']}"
+            f"the reference is a {full['steps']}-step run at the shipped settings on "
+            f"{full['where_text']}, recorded {full['recorded_at']} ({full['file']}; not rerun "
+            "in CI)"
             if full["status"] == "current"
             else f"reference {full['status']}: {full['record_with']}"
         ),
