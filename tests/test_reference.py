@@ -178,6 +178,11 @@ def test_reference_file_round_trip_and_refusals(tmp_path: Path) -> None:
             load_reference(bad)
         assert expected in e.value.message, (what, e.value.message)
         assert "trainguard reference record" in e.value.fix
+    # Cut anywhere (inside a string, a number, between fields), it is named truncated.
+    for cut in range(1, len(text) - 2, 97):
+        (tmp_path / "cut.json").write_text(text[:cut])
+        with pytest.raises(BadInputError, match="is truncated"):
+            load_reference(tmp_path / "cut.json")
     short = reference(curve_losses()[:5])
     with pytest.raises(BadInputError, match="at least 8"):
         load_reference(short.save(tmp_path / "short.json"))

@@ -275,21 +275,29 @@ def data_identity(manifest: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def compare_identity(recorded: dict[str, Any], current: dict[str, Any]) -> list[Finding]:
-    """D104 when the data a run resumes with is not the data it was started with."""
+def identity_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between two data identities: "tokenizer", "train tokens", "val tokens"
+    (empty when they are equal; ["identity"] when they differ otherwise)."""
     if recorded == current:
         return []
     what = []
     if recorded.get("tokenizer_hash") != current.get("tokenizer_hash"):
         what.append("tokenizer")
     for s in SPLITS:
-        if recorded.get("splits", {}).get(s) != current.get("splits", {}).get(s):
+        if (recorded.get("splits") or {}).get(s) != (current.get("splits") or {}).get(s):
             what.append(f"{s} tokens")
+    return what or ["identity"]
+
+
+def compare_identity(recorded: dict[str, Any], current: dict[str, Any]) -> list[Finding]:
+    """D104 when the data a run resumes with is not the data it was started with."""
+    what = identity_changes(recorded, current)
+    if not what:
+        return []
     return [
         Finding.of(
             "D104",
-            f"the prepared data differs from the run's start: {', '.join(what) or 'identity'} "
-            "changed",
+            f"the prepared data differs from the run's start: {', '.join(what)} changed",
             data={"recorded": recorded, "current": current},
         )
     ]

@@ -31,10 +31,32 @@ from collections.abc import Sequence
 from typing import Any
 
 import trainguard.codes.reference  # noqa: F401  (registers R501-R507)
+from trainguard.data.shards import identity_changes
 from trainguard.findings import Finding
 from trainguard.reference.curve import ReferenceCurve
 
 STATE_VERSION = 1
+
+
+@dataclasses.dataclass
+class _Side:
+    """One side of the two-sided CUSUM: the sum, and the excursion it is in (the step it left
+    zero at, the differences summed since, how many steps)."""
+
+    sum: float = 0.0
+    onset: int | None = None
+    total: float = 0.0
+    count: int = 0
+
+    def add(self, step: int, d: float, increment: float) -> None:
+        self.sum = max(0.0, self.sum + increment)
+        if self.sum == 0.0:
+            self.onset, self.total, self.count = None, 0.0, 0
+            return
+        if self.onset is None:
+            self.onset = step
+        self.total += d
+        self.count += 1
 
 
 class ReferenceMonitor:
@@ -71,9 +93,7 @@ class ReferenceMonitor:
         self.bitwise_departure: int | None = None
         self.band_departure: int | None = None
         self.drift_reported = False
-        # Two one-sided CUSUMs: [sum, onset step, summed d since onset, steps since onset].
-        self.high = [0.0, None, 0.0, 0]
-        self.low = [0.0, None, 0.0, 0]
+        self.high, self.low = _Side(), _Side()  # the loss above / below the reference
         self.peak = 0.0
 
     # -- checks --------------------------------------------------------------------------------
@@ -81,18 +101,13 @@ class ReferenceMonitor:
         """Before the first step: R503 (and no comparison) when the run's prepared data is not
         the data the reference was trained on."""
         recorded = self.reference.data_identity
-        if recorded is None or identity is None or recorded == identity:
+        if recorded is None or identity is None:
             return []
-        what = []
-        if recorded.get("tokenizer_hash") != identity.get("tokenizer_hash"):
-            what.append("the tokenizer")
-        for split in ("train", "val"):
-            if (recorded.get("splits") or {}).get(split) != (identity.get("splits") or {}).get(
-                split
-            ):
-                what.append(f"the {split} tokens")
+        what = identity_changes(recorded, identity)
+        if not what:
+            return []
         self.stopped = "data"
-        changed = ", ".join(what) or "its identity"
+        changed = ", ".join(f"the {w}" for w in what)
         return [
             Finding.of(
                 "R503",
@@ -143,29 +158,22 @@ class ReferenceMonitor:
     # -- the band ------------------------------------------------------------------------------
     def _accumulate(self, step: int, d: float) -> None:
         e = d / self.sigma
-        for side, x in ((self.high, e), (self.low, -e)):
-            side[0] = max(0.0, side[0] + x - self.allowance)
-            if side[0] == 0.0:
-                side[1:] = [None, 0.0, 0]
-            else:
-                if side[1] is None:
-                    side[1] = step
-                side[2] += d
-                side[3] += 1
-        self.peak = max(self.peak, self.high[0], self.low[0])
+        self.high.add(step, d, e - self.allowance)
+        self.low.add(step, d, -e - self.allowance)
+        self.peak = max(self.peak, self.high.sum, self.low.sum)
 
     def _band_verdict(self, step: int) -> list[Finding]:
-        side = max((self.high, self.low), key=lambda s: s[0])
-        if side[0] <= self.threshold:
+        side = max((self.high, self.low), key=lambda s: s.sum)
+        if side.sum <= self.threshold:
             return []
-        onset, mean = side[1], side[2] / max(side[3], 1)
+        onset, mean = side.onset, side.total / max(side.count, 1)
         self.band_departure = onset
         where = "above" if side is self.high else "below"
         finding = Finding.of(
             "R501",
             f"the training loss left {self.origin}'s band at step {onset}: {where} it by "
             f"{mean:+.4f} nats per step on average over steps {onset}-{step} "
-            f"({mean / self.sigma:+.1f} x its noise {self.sigma:.4f}; CUSUM {side[0]:.1f} > "
+            f"({mean / self.sigma:+.1f} x its noise {self.sigma:.4f}; CUSUM {side.sum:.1f} > "
             f"{self.threshold:g})" + self._environment_note(),
             step=onset,
             metric="loss",
@@ -175,7 +183,7 @@ class ReferenceMonitor:
                 "direction": where,
                 "mean_difference": mean,
                 "noise_sigma": self.sigma,
-                "cusum": side[0],
+                "cusum": side.sum,
                 "threshold": self.threshold,
                 "allowance": self.allowance,
             },
@@ -250,8 +258,8 @@ class ReferenceMonitor:
             "bitwise_departure": self.bitwise_departure,
             "band_departure": self.band_departure,
             "drift_reported": self.drift_reported,
-            "high": list(self.high),
-            "low": list(self.low),
+            "high": dataclasses.asdict(self.high),
+            "low": dataclasses.asdict(self.low),
             "peak": self.peak,
         }
 
@@ -275,5 +283,5 @@ class ReferenceMonitor:
             "peak",
         ):
             setattr(self, key, state[key])
-        self.high, self.low = list(state["high"]), list(state["low"])
+        self.high, self.low = _Side(**state["high"]), _Side(**state["low"])
         self.stopped = stopped or state["stopped"]

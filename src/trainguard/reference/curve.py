@@ -132,10 +132,30 @@ def load_reference(path: str | Path) -> ReferenceCurve:
     except UnicodeDecodeError:
         raise _problem(str(p), "is not UTF-8 text") from None
     except json.JSONDecodeError as e:
-        at_end = e.pos >= len(e.doc.rstrip())
-        what = "is truncated" if at_end else "is not valid JSON"
+        what = "is truncated" if _unclosed(e.doc) else "is not valid JSON"
         raise _problem(str(p), f"{what} (line {e.lineno}, column {e.colno}: {e.msg})") from None
     return reference_from_dict(doc, str(p))
+
+
+def _unclosed(text: str) -> bool:
+    """True when `text` ends inside a string or with a bracket open: a JSON document cut short
+    (empty counts), as opposed to one that is complete but wrong."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+    return in_string or depth > 0 or not text.strip()
 
 
 def reference_from_dict(doc: Any, origin: str = "reference") -> ReferenceCurve:
@@ -200,3 +220,5 @@ def _check_curve(doc: dict[str, Any], origin: str) -> None:
         raise _problem(origin, "has a loss that is not a finite number")
     if not all(h is None or isinstance(h, str) for h in hashes):
         raise _problem(origin, "has a batch hash that is not a string")
+    if not all(isinstance(e, dict) for e in doc["evals"]):
+        raise _problem(origin, "has an evaluation that is not an object")
