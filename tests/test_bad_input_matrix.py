@@ -117,6 +117,65 @@ ROWS = [
         *("run", "{tiny}", "--max-restarts", "-1", "--set", "data.source={inputs}/missing"),
         says=("--max-restarts",),
     ),
+    row(
+        "run-reference-truncated",
+        *("run", "{tiny}", "--run-dir", "{out}/r", "--set", "reference.path={ref_truncated}"),
+        says=("reference file", "is truncated"),
+    ),
+    row(
+        "run-reference-of-another-recipe",
+        *("run", "{tiny}", "--run-dir", "{out}/r", "--set", "reference.path={ref_other}"),
+        says=("another recipe", "train.lr", "--force"),
+    ),
+    row(
+        "run-reference-missing",
+        *("run", "{tiny}", "--run-dir", "{out}/r", "--set", "reference.path={out}/none.json"),
+        says=NOT_EXIST,
+    ),
+    # --- reference record -----------------------------------------------------------------
+    *[
+        row(f"reference-record-{name}", "reference", "record", run, "--out", out, **kw)
+        for name, run, out, kw in [
+            ("run-dir-missing", "{out}/nothing", "{out}/r.json", {"says": NOT_EXIST}),
+            ("not-a-run-dir", "{inputs}", "{out}/r.json", {"says": ("not a run dir",)}),
+            ("unfinished", "{run_ok}", "{out}/r.json", {"says": ("unfinished",)}),
+            ("recipe-not-utf8", "{run_bad_recipe}", "{out}/r.json", {"says": ("recipe", "UTF-8")}),
+            (
+                "metrics-not-utf8",
+                "{run_bad_metrics}",
+                "{out}/r.json",
+                {"says": ("metric", "UTF-8")},
+            ),
+            (
+                "out-is-metrics",
+                "{finished_run}",
+                "{finished_run}/metrics.jsonl",
+                {"says": ("inside the input folder",)},
+            ),
+            ("out-is-run-dir", "{finished_run}", "{finished_run}", {"says": ("is the input",)}),
+            ("out-is-a-folder", "{finished_run}", "{out}", {"exit": 1, "says": cannot("{out}")}),
+            (
+                "readonly",
+                "{finished_run}",
+                "{ro}/r.json",
+                {"exit": 1, "says": cannot("{ro}/r.json"), "fault": "readonly"},
+            ),
+            (
+                "disk-full",
+                "{finished_run}",
+                "{out}/r.json",
+                {"exit": 1, "says": cannot("{out}/r.json"), "fault": "disk_full"},
+            ),
+            (
+                "works",
+                "{finished_run}",
+                "{out}/r.json",
+                {"exit": 0, "says": ("wrote",), "may_create": ("out/r.json",)},
+            ),
+        ]
+    ],
+    # --- recipes --------------------------------------------------------------------------
+    row("recipes-unknown-option", "recipes", "--bogus", says=("--bogus",)),
     # --- report ---------------------------------------------------------------------------
     row("report-recipe-not-utf8", "report", "{run_bad_recipe}", says=("recipe", "UTF-8")),
     row("report-metrics-not-utf8", "report", "{run_bad_metrics}", says=("metric", "UTF-8")),
@@ -724,6 +783,37 @@ class Workspace:
             _write(run / "metrics.jsonl", metrics)
             _write(run / "recipe.yaml", yaml.safe_dump(recipe))
         (p["run_html_dir"] / "report.html").mkdir()
+        # A finished run (8 steps, no checkpoint) to record, and references to run against.
+        run = p["finished_run"] = root / "finished-run"
+        run.mkdir()
+        _write(
+            run / "recipe.yaml",
+            yaml.safe_dump({**recipe, "train": {**recipe["train"], "max_steps": 8}}),
+        )
+        rows = [{"kind": "event", "step": 0, "event": "start", "env": {"python": "3.11.7"}}]
+        rows += [
+            {"kind": "step", "step": s, "loss": 5.0 - s / 10 + (s % 3) / 50, "batch_hash": f"b{s}"}
+            for s in range(1, 9)
+        ]
+        rows.append({"kind": "event", "step": 8, "event": "end"})
+        _write(run / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        from trainguard.config.identity import curve_recipe
+        from trainguard.config.load import recipe_to_dict, validate_recipe
+        from trainguard.reference.curve import ReferenceCurve
+
+        keys = curve_recipe(recipe_to_dict(validate_recipe(recipe)))
+        other = ReferenceCurve(  # the tiny recipe at another learning rate
+            recipe_name="matrix",
+            recipe_hash="0" * 16,
+            recipe={**keys, "train.lr": 0.5},
+            env={},
+            steps=list(range(1, 9)),
+            loss=[5.0 - s / 10 for s in range(1, 9)],
+            batch_hash=[None] * 8,
+        )
+        p["ref_other"] = other.save(inputs / "other.ref.json")
+        text = p["ref_other"].read_text()
+        p["ref_truncated"] = _write(inputs / "truncated.ref.json", text[: len(text) // 2])
         _write(p["run_bad_recipe"] / "recipe.yaml", b"name: matrix\ndescription: caf\xe9\n")
         _write(
             p["run_bad_metrics"] / "metrics.jsonl", b'{"kind": "step", "step": 1, "x": "\xff"}\n'

@@ -70,18 +70,19 @@ def test_record_writes_the_curve_and_refuses_bad_runs(
     def record(run_dir: Path, out: Path):
         return runner.invoke(app, ["reference", "record", str(run_dir), "--out", str(out)])
 
-    # Output over an input: refused before anything is written; the input is untouched.
+    # An output over an input, or inside the run dir: refused before anything is read or
+    # written (util/paths.refuse_overwrite, the project's one check); the run is untouched.
     before = (tiny_run_copy / "metrics.jsonl").read_bytes()
-    for out in (
-        tiny_run_copy / "metrics.jsonl",
-        tiny_run_copy,
-        tiny_run_copy / "checkpoints" / "ref.json",
-        tiny_run_copy / "recipe.yaml",
+    for out, says in (
+        (tiny_run_copy / "metrics.jsonl", "inside the input folder"),
+        (tiny_run_copy, "is the input"),
+        (tiny_run_copy / "checkpoints" / "ref.json", "inside the input folder"),
+        (tiny_run_copy / "ref.json", "inside the input folder"),
     ):
         res = record(tiny_run_copy, out)
-        assert res.exit_code == 2 and "would overwrite the input" in res.output, res.output
+        assert res.exit_code == 2 and says in " ".join(res.output.split()), res.output
     assert (tiny_run_copy / "metrics.jsonl").read_bytes() == before
-    assert record(tiny_run_copy, tiny_run_copy / "ref.json").exit_code == 0  # beside is fine
+    assert not (tiny_run_copy / "ref.json").exists()
 
     # An unfinished run: its log ends at step 8 (a crash), no end event.
     lines = before.decode().splitlines()
@@ -92,7 +93,8 @@ def test_record_writes_the_curve_and_refuses_bad_runs(
     assert not (tmp_path / "a.json").exists()
     res = record(tmp_path / "nowhere", tmp_path / "b.json")
     assert res.exit_code == 2 and "does not exist" in res.output
-    res = record(tmp_path, tmp_path / "c.json")
+    (tmp_path / "folder").mkdir()
+    res = record(tmp_path / "folder", tmp_path / "c.json")
     assert res.exit_code == 2 and "not a run dir" in res.output
 
 

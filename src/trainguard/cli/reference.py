@@ -27,9 +27,11 @@ def register(app: typer.Typer) -> None:
         recipe hash, environment and data identity. Name the file in a recipe
         (`reference.path`) and later runs of the same recipe are compared with it."""
         from trainguard.reference.record import record_reference, run_inputs
+        from trainguard.util.atomic import check_writable
         from trainguard.util.paths import refuse_overwrite
 
         refuse_overwrite({"--out": out}, run_inputs(run_dir))  # before reading anything
+        check_writable(out)
         curve, findings = record_reference(run_dir)
         curve.save(out)
         extra = {

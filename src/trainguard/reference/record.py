@@ -13,11 +13,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainguard.checkpoint.target import RUN_RECIPE, open_checkpoint, run_checkpoint_root
 from trainguard.config.identity import curve_recipe, recipe_hash
-from trainguard.config.load import recipe_to_dict, validate_recipe
+from trainguard.config.load import read_recipe_yaml, recipe_to_dict, validate_recipe
 from trainguard.errors import BadInputError, TrainguardError
 from trainguard.findings import Finding
 from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
@@ -43,12 +41,8 @@ def _recipe(run_dir: Path) -> dict[str, Any]:
             f"{run_dir} is not a run dir: it has no {RUN_RECIPE}",
             "give the --run-dir of a finished `trainguard run`",
         )
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise BadInputError(f"{path} is unreadable: {e}", "restore the run's recipe.yaml") from None
-    if not isinstance(raw, dict):
-        raise BadInputError(f"{path} is not a recipe", "restore the run's recipe.yaml")
+    fix = f"restore {path} (trainguard wrote it when the run started)"
+    raw = read_recipe_yaml(path, "the run's recipe", fix)
     return recipe_to_dict(validate_recipe(raw, str(path)))
 
 
