@@ -198,6 +198,11 @@ ROWS = [
         says=("--seed",),
     ),
     row(
+        "check-model-shadow-steps-without-dtype",
+        *("check-model", "{models}/nanleak.py:make", "--shadow-steps", "4"),
+        says=("--shadow-steps 4 needs a low-precision --dtype",),
+    ),
+    row(
         "check-model-target-is-a-folder",
         *("check-model", "{models}:make"),
         says=("is a folder",),

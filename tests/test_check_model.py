@@ -252,3 +252,30 @@ def test_nan_logits_do_not_look_like_leaks_in_a_causal_model() -> None:
     report = run_model_checks(model, VOCAB, 9, batch_size=3, seed=0)
     assert error_codes(report.findings) == {"M108"}, [str(f) for f in report.findings]
     assert {f.code for f in report.findings} <= {"M108", "M107"}
+
+
+def test_cli_shadow_steps_run_the_shadow_audit() -> None:
+    """`--shadow-steps K` with a low dtype trains K steps against float64 (N107): it used to be
+    accepted and never passed on."""
+    zoo = model_zoo.__file__
+    args = ("check-model", f"{zoo}:factory", "--seq-len", "8", "--threads", "1", "--json")
+    res = run_cli(*args, "--dtype", "bf16", "--shadow-steps", "6")
+    assert res.returncode == 0, res.stderr
+    payload = json.loads(res.stdout)
+    shadow = payload["precision"]["shadow"]
+    assert shadow["steps"] == 6 and len(shadow["distances"]) == 6
+    (n107,) = [f for f in payload["findings"] if f["code"] == "N107"]
+    assert "6 SGD steps" in n107["message"]
+    # The audit's passes count the shadow run's 2 x 6 forwards.
+    plain = json.loads(run_cli(*args, "--dtype", "bf16").stdout)
+    assert "shadow" not in plain["precision"]
+    audit = payload["checks"]["precision_audit"]["forwards"]
+    assert audit - plain["checks"]["precision_audit"]["forwards"] == 12
+
+
+@pytest.mark.parametrize("dtype", [(), ("--dtype", "fp32")])
+def test_cli_shadow_steps_without_a_low_dtype_is_bad_input(dtype: tuple[str, ...]) -> None:
+    res = run_cli("check-model", f"{model_zoo.__file__}:factory", "--shadow-steps", "4", *dtype)
+    assert res.returncode == 2, res.stderr
+    assert "--shadow-steps 4 needs a low-precision --dtype" in res.stderr
+    assert "fix:" in res.stderr and "Traceback" not in res.stderr

@@ -81,6 +81,21 @@ def _validate(model: Any, vocab_size: int, seq_len: int, batch_size: int) -> Non
         )
 
 
+def check_shadow_args(dtype: str | None, shadow_steps: int) -> None:
+    """A shadow run compares low-precision weights with float64: it needs a low dtype (asking
+    for one without it used to be accepted and ignored)."""
+    if shadow_steps < 0:
+        raise ModelCheckInputError(
+            f"--shadow-steps {shadow_steps} is negative", "give --shadow-steps 0 or more"
+        )
+    if shadow_steps > 0 and dtype in (None, "fp32"):
+        raise ModelCheckInputError(
+            f"--shadow-steps {shadow_steps} needs a low-precision --dtype: the shadow run "
+            f"trains with weights in that dtype against float64 (got --dtype {dtype or 'none'})",
+            "add --dtype bf16 (or fp16), or drop --shadow-steps",
+        )
+
+
 def check_finite_logits(logits: torch.Tensor, mode: str) -> list[Finding]:
     """M108 when the reference forward's logits hold NaN or infinity."""
     bad = ~torch.isfinite(logits.detach())
@@ -188,6 +203,7 @@ def run_model_checks(
     the model cannot be run as described.
     """
     _validate(model, vocab_size, seq_len, batch_size)
+    check_shadow_args(dtype, shadow_steps)
     t0 = time.perf_counter()
     runner = ModelRunner(model, vocab_size, seq_len, batch_size, seed)
     state = ModelState(model)
@@ -214,6 +230,7 @@ def run_model_checks(
                 batch_size=batch_size,
                 seed=seed,
                 master_weights=master_weights,
+                shadow_steps=shadow_steps,
             )
             stats.forwards += audit.forwards
             stats.backwards += audit.backwards

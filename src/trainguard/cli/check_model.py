@@ -1,6 +1,7 @@
 """`trainguard check-model TARGET|--hf CONFIG [--vocab-size V] [--seq-len T] [--batch-size B]
-[--dtype D] [--json]`: causality, gradient leak, batch independence, train/serve and MoE drop
-checks. TARGET is a model factory; `--hf` takes a Hugging Face config instead."""
+[--dtype D] [--shadow-steps K] [--json]`: causality, gradient leak, batch independence,
+train/serve and MoE drop checks, and with --dtype the precision audit (with --shadow-steps its
+shadow run). TARGET is a model factory; `--hf` takes a Hugging Face config instead."""
 
 from __future__ import annotations
 
@@ -47,7 +48,12 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="Dtype the weights are stored in (fp32, bf16, fp16).")
         ] = "fp32",
         shadow_steps: Annotated[
-            int, typer.Option(min=0, help="With --dtype: shadow-run steps against float64.")
+            int,
+            typer.Option(
+                min=0,
+                help="With --dtype bf16/fp16: K SGD steps of the model with weights in that "
+                "dtype against float64; N107 says whether the error grows like a bias.",
+            ),
         ] = 0,
         seed: Annotated[
             int, typer.Option(min=0, max=SEED_MAX, help="Seed for tokens and dropout draws.")
@@ -63,7 +69,7 @@ def register(app: typer.Typer) -> None:
 
         from trainguard.checks._model_runner import ModelCheckInputError
         from trainguard.checks.hf_model import load_target
-        from trainguard.checks.model_checks import run_model_checks
+        from trainguard.checks.model_checks import check_shadow_args, run_model_checks
         from trainguard.checks.model_target import infer_vocab_size
         from trainguard.numerics.reduction import dtype_of
 
@@ -72,6 +78,7 @@ def register(app: typer.Typer) -> None:
         if dtype is not None:
             dtype_of(dtype)
         dtype_of(master_weights)
+        check_shadow_args(dtype, shadow_steps)
         model, label = load_target(target, hf, seed)
         vocab = vocab_size or infer_vocab_size(model)
         if vocab is None:
