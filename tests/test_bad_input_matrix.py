@@ -219,6 +219,16 @@ ROWS = [
         *("check-precision", "--world-size", "1000000", "--shadow-steps", "0"),
         says=("--elements",),
     ),
+    row(
+        "check-precision-nproc-one",
+        *("check-precision", "--nproc", "1", "--shadow-steps", "0"),
+        says=("--nproc 1", "at least 2 processes"),
+    ),
+    row(
+        "check-precision-nproc-above-open-file-limit",
+        *("check-precision", "--nproc", "100000000", "--shadow-steps", "0"),
+        says=("--nproc 100000000", "open-file limit"),
+    ),
     row("check-precision-seed-2-64", "check-precision", "--seed", str(2**64), says=("--seed",)),
     # --- check-tokenizer ------------------------------------------------------------------
     row(

@@ -1,14 +1,22 @@
 """`trainguard check-precision [--dtype fp32|bf16|fp16] [--world-size R]
-[--algorithm ring|tree|fp32-accumulate] [--json]`: is the gradient reduction biased?"""
+[--algorithm ring|tree|fp32-accumulate] [--nproc N ...] [--json]`: is the gradient reduction
+biased?
+
+The simulation predicts the bias at R ranks; `--nproc N` measures the real collective with N
+local processes, and under torchrun every rank of the job joins the measurement (several
+machines: the sizes where the bias shows). Each measured size says whether it is large enough
+to show the bias the simulation predicts at R (`collective_scale`)."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
 from trainguard.cli.common import console, emit, handle_errors
 from trainguard.config.schema import SEED_MAX
+from trainguard.errors import EXIT_OK, BadInputError
 
 
 def register(app: typer.Typer) -> None:
@@ -27,9 +35,18 @@ def register(app: typer.Typer) -> None:
             bool,
             typer.Option(
                 help="Also measure the real torch.distributed (gloo) all_reduce with 2 and 4 "
-                "local processes, and DDP with fp32_accumulate_hook."
+                "local processes, and DDP with fp32_accumulate_hook (= --nproc 2 --nproc 4)."
             ),
         ] = False,
+        nproc: Annotated[
+            list[int] | None,
+            typer.Option(
+                "--nproc",
+                help="Measure the real collective with N local processes (gloo; repeat for "
+                "several sizes). For more ranks than one machine holds, run check-precision "
+                "under torchrun: every rank joins, rank 0 reports.",
+            ),
+        ] = None,
         shadow_steps: Annotated[
             int,
             typer.Option(
@@ -45,17 +62,47 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Bias (slope against float64) and noise of a low-precision gradient reduction; with
         --shadow-steps, whether the precision error grows like a bias or like noise."""
-        from trainguard.checks.precision_reduction import check_reduction
+        from trainguard.checks.precision_reduction import (
+            check_reduction,
+            reduction_findings,
+            scale_verdict,
+        )
         from trainguard.checks.precision_shadow import check_shadow
+        from trainguard.train.launch import under_launcher
 
+        sizes = sorted({*(nproc or ()), *((2, 4) if collective else ())})
+        in_job = under_launcher() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        if in_job and sizes:
+            raise BadInputError(
+                "--nproc (or --collective) given inside a torchrun job: the ranks of the job "
+                "are the collective measured",
+                "drop --nproc and --collective under torchrun (its --nproc-per-node decides)",
+            )
+        if sizes:
+            from trainguard.checks.precision_collective import check_process_count
+
+            for n in sizes:
+                check_process_count(n)  # bad input before any work
         findings, audit = check_reduction(dtype, world_size, algorithm, elements, seed)
         extra: dict = {"reduction": audit.to_dict()}
-        if collective:
-            from trainguard.checks.precision_collective import check_collective
+        measured: list = []
+        if in_job:
+            from trainguard.checks.precision_collective import measure_in_job
 
-            f_coll, audits = check_collective(dtype, (2, 4), elements, seed)
-            findings += f_coll
-            extra["collective"] = [a.to_dict() for a in audits]
+            rank, measured = measure_in_job(dtype, elements, seed)
+            if rank != 0:
+                raise typer.Exit(EXIT_OK)  # rank 0 speaks for the job
+            sizes = [measured[0].world_size]
+        elif sizes:
+            from trainguard.checks.precision_collective import measure_collective
+
+            for n in sizes:
+                measured += measure_collective(n, dtype, elements, seed)
+        if sizes:
+            for a in measured:
+                findings += reduction_findings(a)
+            extra["collective"] = [a.to_dict() for a in measured]
+            extra["collective_scale"] = [scale_verdict(n, audit, elements, seed) for n in sizes]
         if shadow_steps and dtype != "fp32":
             f_shadow, shadow = check_shadow(dtype, shadow_steps, seed=seed)
             findings += f_shadow
@@ -68,10 +115,12 @@ def register(app: typer.Typer) -> None:
             )
             for a in extra.get("collective", []):
                 console.print(
-                    f"gloo world {a['world_size']} {a['algorithm']}: bias {a['bias']:.2e}, "
-                    f"noise {a['noise']:.2e}",
+                    f"{a['source']} world {a['world_size']} {a['algorithm']}: bias "
+                    f"{a['bias']:.2e}, noise {a['noise']:.2e}",
                     markup=False,
                 )
+            for v in extra.get("collective_scale", []):
+                console.print(f"world {v['world_size']}: {v['verdict']}", markup=False)
             for name, s in extra.get("shadow", {}).items():
                 console.print(
                     f"shadow run ({name} rounding): error grows like steps^{s['exponent']:.2f}",
