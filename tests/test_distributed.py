@@ -197,8 +197,10 @@ def test_fault_plan_rank_suffix() -> None:
     assert r1.replica_bitflip_steps == {5} and r1.sleep_steps == {13} and r1.burn_from is None
     assert r2.burn_from == 9 and not r2.replica_bitflip_steps and not r2.sleep_steps
     assert not r0.replica_bitflip_steps and r0.burn_from is None
-    assert FaultPlan.parse("bitflip@5").bitflip_steps == {5}  # the old, transient form
-    for bad in ("slow@5/1", "slow@5/rx", "sleep@x/r1"):
+    # The transient forms: a low mantissa bit by default, the exponent's top bit on request.
+    assert FaultPlan.parse("bitflip@5").bitflip_steps == {5: 12}
+    assert FaultPlan.parse("bitflip@5:exponent").bitflip_steps == {5: 30}
+    for bad in ("slow@5/1", "slow@5/rx", "sleep@x/r1", "bitflip@5:sign"):
         with pytest.raises(BadInputError):
             FaultPlan.parse(bad, rank=0)
 

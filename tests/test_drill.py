@@ -37,12 +37,13 @@ SINGLE_PROCESS = (
     "corrupt_checkpoint",
     "hang",
     "bitflip",
+    "bitflip_exponent",
     "shuffle",
     "precision",
 )
-# The default test run drills one fault of each kind (guard, relaunch, silent corruption,
-# pre-flight); the full single-process set runs with `-m slow`.
-FAST = ("nan", "kill_checkpoint", "bitflip", "shuffle", "precision")
+# The default test run drills one fault of each kind (guard, relaunch, silent corruption and
+# its loud form, pre-flight); the full single-process set runs with `-m slow`.
+FAST = ("nan", "kill_checkpoint", "bitflip", "bitflip_exponent", "shuffle", "precision")
 
 
 def run_drills(names: tuple[str, ...], corpus: Path, cache: Path, workdir: Path) -> dict:
@@ -160,10 +161,27 @@ def test_hang_is_dumped_with_its_phase_and_exits_3(full_drill_result: dict) -> N
     assert "exit 3 (forward" in r["action"]
 
 
-def test_bitflip_is_classified_as_hardware(drill_result: dict) -> None:
-    r = row(drill_result, "bitflip")
+def test_exponent_bitflip_is_classified_as_hardware(drill_result: dict) -> None:
+    r = row(drill_result, "bitflip_exponent")
+    assert r["inject"] == f"bitflip@{FAULT}:exponent"
     assert "R205" in r["detected"] and "rerun: hardware" in r["action"]
     assert r["steps_to_detect"] == 0 and r["recovered"]
+
+
+def test_mantissa_bitflip_is_the_documented_blind_spot_of_one_process(drill_result: dict) -> None:
+    """A low mantissa bit flipped for one step: nothing in one process sees it (no NaN, no
+    spike, so no rerun; no replica), and it did change the model. The row says so."""
+    r = row(drill_result, "bitflip")
+    assert r["inject"] == f"bitflip@{FAULT}"
+    assert r["detected"] == [] and r["finished"]
+    assert r["landed"] is True  # the final weights differ bitwise from the clean run's
+    assert r["weights"] != row(drill_result, "clean")["weights"]
+    assert r["ok"] and not r["recovered"]
+    cells = r["columns"]
+    assert cells["detected"] == "none: one process cannot see it"
+    assert cells["recovered"].startswith("no: the final weights differ bitwise")
+    assert "rerun check (R205, run only after a NaN or spike)" in cells["action taken"]
+    assert "H201 needs 2+" in cells["action taken"]
 
 
 def test_preflight_drills(drill_result: dict) -> None:
@@ -214,6 +232,14 @@ def test_verdict_codes() -> None:
     rerun.alarms = ["R502"]
     (noisy_rerun,) = verdict([rerun])
     assert noisy_rerun.code == "R403" and "reference_rerun" in noisy_rerun.message
+    blind = {"blind": "why", "finished": True, "final_loss": 2.0, "loss_ratio": 1.0}
+    landed = DrillRow("bitflip", "flip", [], landed=True, **blind)
+    missed_nothing = DrillRow("bitflip", "flip", [], landed=False, **blind)
+    seen = DrillRow("bitflip", "flip", [], ["R205"], landed=True, **blind)
+    assert verdict([landed]) == [] and landed.ok and not landed.recovered
+    assert [f.code for f in verdict([missed_nothing])] == ["R619"]
+    assert [f.code for f in verdict([seen])] == ["R619"]
+    assert "not blind any more" in verdict([seen])[0].message
 
 
 @pytest.mark.slow

@@ -23,7 +23,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--only",
                 help="Run only this drill (repeatable): nan, spike, kill_step, kill_checkpoint, "
-                "corrupt_checkpoint, hang, bitflip, shuffle, precision; multi-process: replica, "
+                "corrupt_checkpoint, hang, bitflip, bitflip_exponent, shuffle, precision; "
+                "multi-process: replica, "
                 "straggler, hung_rank; doctor: doctor_bitflip, doctor_slow, "
                 "doctor_bad_allreduce, doctor_hang; reference curves: reference_rerun, "
                 "reference_attention, reference_init, reference_tokenizer, "
@@ -53,12 +54,14 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Fire drills: a clean run and one run per fault (NaN batch, loss spike, SIGKILL
-        mid-step and mid-checkpoint, corrupted checkpoint, hang, bit flip, poor shuffle,
+        mid-step and mid-checkpoint, corrupted checkpoint, hang, bit flips in a weight's
+        exponent and (the blind spot of one process) its low mantissa, poor shuffle,
         low-precision reduction; with --nproc jobs: a corrupted replica, a straggler, a hung
         rank; `trainguard doctor` jobs with a wrong result, a slow rank, a wrong all-reduce
         contribution, a rank that never joins; subtle software changes against a reference curve),
         each checked for detection and recovery.
-        Exit 0 when every fault was detected and recovered and the clean run stayed quiet."""
+        Exit 0 when every fault was detected and recovered, the blind spot behaved as
+        documented, and the clean run stayed quiet."""
         from trainguard.drills.matrix import matrix_markdown, matrix_table, verdict
         from trainguard.drills.runner import DrillContext, DrillPlan, cleanup, run_drills
 

@@ -1,4 +1,5 @@
-"""R4xx: fire drills (`trainguard drill`) whose fault went undetected or unrecovered."""
+"""R4xx (and R619): fire drills (`trainguard drill`) whose fault went undetected or
+unrecovered, or whose documented blind spot is not as documented."""
 
 from __future__ import annotations
 
@@ -46,6 +47,25 @@ register(
         "high learning rate) is fixed by the recipe; a false alarm by the detector's thresholds.",
         false_positives="Early training at a high learning rate has real gradient-norm spikes; "
         "the drill settings use a gentler schedule for that reason.",
+        references=("docs/drills.md",),
+    ),
+    Code(
+        code="R619",
+        title="Fire drill: a documented blind spot did not behave as documented",
+        severity="error",
+        catches="A drill that demonstrates what the guards cannot see (a low mantissa bit "
+        "flipped in one process's weight) either raised a code that claims to catch it, or "
+        "left the final weights bitwise equal to the clean run's (the fault never took "
+        "effect, so the row proves nothing).",
+        why="The drill matrix states what one process can and cannot see. If a detector starts "
+        "to fire on the blind-spot fault, or the fault stops landing, the documented limitation "
+        "is no longer true and the README would mislead.",
+        fix="If a code now catches the fault, turn the drill into a detection drill (expected "
+        "codes, recovery) and update the drill matrix and docs/drills.md; if the fault did not "
+        "land, check that the flipped weight is still read by every step "
+        "(drills/faults.py).",
+        false_positives="None known: the clean run and the drill run are bitwise deterministic "
+        "on CPU, so equal weights mean the fault had no effect.",
         references=("docs/drills.md",),
     ),
 )

@@ -10,7 +10,11 @@ Faults:
 - `nan@N`         the loss of step N becomes NaN (a poisoned batch).
 - `spike@N`       the loss of step N is multiplied by 50 (an outlier batch).
 - `hang@N`        step N sleeps forever in the forward pass (for the hang watchdog).
-- `bitflip@N`     flip the top exponent bit of one weight during step N only (silent corruption).
+- `bitflip@N`     flip a low mantissa bit (bit 12) of one weight during step N only: silent
+                  corruption that one process cannot see (no NaN, no spike; the drill matrix
+                  says so).
+- `bitflip@N:exponent`  the same with the top exponent bit (bit 30): the weight becomes
+                  ~1e37, the loss NaN or inf; loud, and the rerun tells hardware from data.
 - `slow@N`        step N and later sleep 0.2 s each (a straggler).
 
 Multi-process runs: a `/rR` suffix limits an item to rank R (`RANK` of torchrun), and items
@@ -39,6 +43,9 @@ from trainguard.errors import BadInputError
 ENV_VAR = "TRAINGUARD_INJECT"
 KNOWN = {"kill", "nan", "spike", "hang", "bitflip", "slow", "sleep"}
 SLEEP_S = 600.0  # `sleep@N`: long enough for any collective timeout to notice
+# float32 bits: 31 sign, 30-23 exponent, 22-0 mantissa. Bit 12 changes a weight by about
+# 2^-11 of itself (inside the loss noise); bit 30, the exponent's top bit, by a factor 2^128.
+MANTISSA_BIT, EXPONENT_BIT = 12, 30
 
 
 @dataclass
@@ -47,7 +54,8 @@ class FaultPlan:
     nan_steps: set[int] = field(default_factory=set)
     spike_steps: set[int] = field(default_factory=set)
     hang_steps: set[int] = field(default_factory=set)
-    bitflip_steps: set[int] = field(default_factory=set)
+    bitflip_steps: dict[int, int] = field(default_factory=dict)
+    """step -> the bit of the float32 weight flipped during that step (12 or 30)."""
     slow_from: int | None = None
     # Rank-targeted faults (a `/rR` item on this process's rank): see the module docstring.
     replica_bitflip_steps: set[int] = field(default_factory=set)
@@ -91,7 +99,13 @@ class FaultPlan:
             elif name == "hang":
                 plan.hang_steps.add(step)
             elif name == "bitflip":
-                plan.bitflip_steps.add(step)
+                if phase not in ("", "mantissa", "exponent"):
+                    raise BadInputError(
+                        f"cannot parse fault {item!r} in {ENV_VAR}: a bit flip is in the "
+                        "mantissa (the default) or the exponent",
+                        "use bitflip@N (a low mantissa bit) or bitflip@N:exponent",
+                    )
+                plan.bitflip_steps[step] = EXPONENT_BIT if phase == "exponent" else MANTISSA_BIT
             elif name == "slow":
                 plan.slow_from = step
         return plan
@@ -137,7 +151,7 @@ class FaultPlan:
         self.fired.add(key)
         weight = next(p for p in model.parameters() if p.dim() == 2 and p.dtype == torch.float32)
         with torch.no_grad():
-            weight.data.view(torch.int32).view(-1)[0] ^= 1 << 12
+            weight.data.view(torch.int32).view(-1)[0] ^= 1 << MANTISSA_BIT
         return True
 
     def corrupt_loss(self, step: int, position: int, loss: torch.Tensor) -> torch.Tensor:
@@ -162,22 +176,24 @@ class FaultPlan:
 
     @contextlib.contextmanager
     def transient_bitflip(self, step: int, model: torch.nn.Module) -> Iterator[None]:
-        """Silent data corruption during step N: one weight's top exponent bit is flipped for
-        the forward and backward of that step only, then restored, as a glitching ALU or
-        memory read would do. A recomputation of the step sees the clean weight (once only)."""
+        """Data corruption during step N: one bit of one weight is flipped for the forward and
+        backward of that step only, then restored, as a glitching ALU or memory read would do.
+        A recomputation of the step sees the clean weight (once only). A low mantissa bit
+        (the default) leaves the loss unremarkable; the exponent bit makes it NaN or inf."""
         key = f"bitflip@{step}"
         if step not in self.bitflip_steps or key in self.fired:
             yield
             return
         self.fired.add(key)
+        flip = 1 << self.bitflip_steps[step]
         bits = _read_by_every_token(model).data.view(torch.int32).view(-1)
         with torch.no_grad():
-            bits[0] ^= 1 << 30
+            bits[0] ^= flip
         try:
             yield
         finally:
             with torch.no_grad():
-                bits[0] ^= 1 << 30
+                bits[0] ^= flip
 
 
 def _read_by_every_token(model: torch.nn.Module) -> torch.Tensor:

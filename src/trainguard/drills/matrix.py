@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-import trainguard.codes.drills  # noqa: F401  (registers R401-R403)
+import trainguard.codes.drills  # noqa: F401  (registers R401-R403, R619)
 from trainguard.findings import Finding
 
 # A run that recovered ends within this fraction of the clean run's final validation loss:
@@ -55,6 +55,14 @@ class DrillRow:
     quiet: bool = False
     """A row that passes by raising no alarm, like the clean run (e.g. clean reruns compared
     with a reference)."""
+    blind: str = ""
+    """For a fault the guards cannot see (a documented blind spot): why, in words. Such a row
+    passes when nothing claims to catch it and the fault provably changed the run (`landed`);
+    it never counts as recovered."""
+    weights: str | None = None
+    """Checksum of the run's final weights (from the newest checkpoint's manifest)."""
+    landed: bool | None = None
+    """Blind spots: the final weights differ bitwise from the clean run's."""
 
     @property
     def is_clean(self) -> bool:
@@ -64,11 +72,13 @@ class DrillRow:
     def ok_detected(self) -> bool:
         if self.is_clean:
             return not self.alarms
+        if self.blind:  # as documented: nothing caught it, yet it changed the model
+            return not self.detected and self.landed is True
         return any(c in self.expected for c in self.detected)
 
     @property
     def recovered(self) -> bool:
-        if not self.finished:
+        if not self.finished or self.blind:
             return False
         if not self.trains:
             return True
@@ -76,15 +86,29 @@ class DrillRow:
 
     @property
     def ok(self) -> bool:
+        if self.blind:
+            return self.ok_detected and self.finished
         return self.ok_detected and self.recovered
 
     def compare_with(self, clean: DrillRow) -> None:
         if self.final_loss is not None and clean.final_loss:
             self.loss_ratio = self.final_loss / clean.final_loss
+        if self.blind and self.weights is not None and clean.weights is not None:
+            self.landed = self.weights != clean.weights
 
     def cells(self) -> list[str]:
+        recovered = "yes" if self.recovered else "NO"
         if self.is_clean:
             detected = "none (quiet)" if not self.alarms else "ALARM " + ", ".join(self.alarms)
+        elif self.blind:
+            detected = (
+                "none: one process cannot see it" if not self.detected else ", ".join(self.detected)
+            )
+            recovered = {
+                True: "no: the final weights differ bitwise from the clean run's",
+                False: "NO EFFECT: the final weights equal the clean run's (the fault missed)",
+                None: "unknown: no final weights to compare",
+            }[self.landed]
         else:
             detected = ", ".join(self.detected) if self.detected else "MISSED"
         if self.loss_ratio is not None:
@@ -98,7 +122,7 @@ class DrillRow:
             detected,
             "-" if self.steps_to_detect is None else str(self.steps_to_detect),
             self.action or "-",
-            "yes" if self.recovered else "NO",
+            recovered,
             "-" if self.steps_lost is None else str(self.steps_lost),
             vs,
         ]
@@ -115,7 +139,8 @@ class DrillRow:
 
 
 def verdict(rows: list[DrillRow]) -> list[Finding]:
-    """R401 for a missed fault, R402 for a run that did not recover, R403 for a noisy clean run."""
+    """R401 for a missed fault, R402 for a run that did not recover, R403 for a noisy clean run,
+    R619 for a blind-spot drill that is not as documented."""
     out: list[Finding] = []
     for r in rows:
         if r.is_clean and r.alarms:
@@ -127,6 +152,25 @@ def verdict(rows: list[DrillRow]) -> list[Finding]:
                     data={"alarms": r.alarms},
                 )
             )
+        elif r.blind:
+            if not r.ok:
+                why = (
+                    f"{', '.join(r.detected)} appeared: the blind spot is not blind any more, "
+                    "update the drill and the docs"
+                    if r.detected
+                    else f"the fault did not change the run (landed: {r.landed})"
+                    if r.finished
+                    else r.note or "the run did not finish"
+                )
+                out.append(
+                    Finding.of(
+                        "R619",
+                        f"drill {r.name!r} ({r.fault}) is not the documented blind spot: {why}",
+                        where=r.name,
+                        data={"detected": r.detected, "landed": r.landed},
+                    )
+                )
+            continue
         elif not r.is_clean and not r.ok_detected:
             out.append(
                 Finding.of(

@@ -122,6 +122,25 @@ class RunOutcome:
                 out.append(row)
         return out
 
+    def weights_checksum(self) -> str | None:
+        """The checksum of `model.safetensors` in the newest checkpoint's manifest (written by
+        the run, verified on every load): equal checksums mean bitwise equal weights."""
+        from trainguard.checkpoint.manifest import parse_step_dirname
+
+        root = self.run_dir / "checkpoints"
+        steps = [
+            (step, p)
+            for p in (root.iterdir() if root.is_dir() else ())
+            if (step := parse_step_dirname(p.name)) is not None
+        ]
+        if not steps:
+            return None
+        try:
+            manifest = json.loads((max(steps)[1] / "manifest.json").read_text(encoding="utf-8"))
+            return str(manifest["files"]["model.safetensors"]["checksum"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def last_logged_step(self) -> int:
         return max((r["step"] for r in self.rows("step")), default=0)
 

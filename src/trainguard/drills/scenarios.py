@@ -143,6 +143,7 @@ def clean(ctx: DrillContext) -> DrillRow:
     out = ctx.launch("clean")
     row = DrillRow("clean", "", [])
     row.alarms = sorted({f["code"] for f in out.findings if f["severity"] in ("warning", "error")})
+    row.weights = out.weights_checksum()  # what a blind-spot drill's weights are compared with
     row.action, row.steps_lost = actions_taken(out)
     return finish(row, out, ctx)
 
@@ -202,11 +203,35 @@ def hang(ctx: DrillContext) -> DrillRow:
     return row
 
 
-@drill("bitflip", "bit flip in a weight (silent corruption)")
+@drill("bitflip", "bit flip in a weight's low mantissa, one process (silent corruption)")
 def bitflip(ctx: DrillContext) -> DrillRow:
-    return guarded_drill(
-        ctx, "bitflip", f"bitflip@{ctx.plan.fault_step}", ["R205"], ("R101", "R102", "R103")
-    )
+    """What one process cannot see. Mantissa bit 12 of a weight every token reads flips for one
+    step: the loss moves inside its noise (no NaN, no spike), so no detector fires and the
+    rerun check, which runs only after a NaN or a spike, never runs; with one process there is
+    no second replica to compare (the `replica` drill's H201 needs 2+). The row passes when
+    nothing claims to catch it and the final weights differ bitwise from the clean run's."""
+    inject = f"bitflip@{ctx.plan.fault_step}"
+    out = ctx.launch("bitflip", inject=inject)
+    row = DrillRow("bitflip", "", [], inject=inject, blind=BLIND_ONE_PROCESS)
+    row.detected = present(out, ("R101", "R102", "R103", "R104", "R205", "R206"))
+    row.weights = out.weights_checksum()
+    row.action = BLIND_ONE_PROCESS
+    row.steps_lost = 0
+    return finish(row, out, ctx)
+
+
+BLIND_ONE_PROCESS = (
+    "none: inside the loss noise (no NaN, no spike), so the rerun check (R205, run only after "
+    "a NaN or spike) never runs, and one process has no replica to compare (H201 needs 2+)"
+)
+
+
+@drill("bitflip_exponent", "bit flip in a weight's top exponent bit (loud: NaN)")
+def bitflip_exponent(ctx: DrillContext) -> DrillRow:
+    """The flip one process can see: the exponent's top bit makes the weight ~1e37 and the loss
+    NaN; the guard skips the update and the rerun (clean weights) says hardware (R205)."""
+    inject = f"bitflip@{ctx.plan.fault_step}:exponent"
+    return guarded_drill(ctx, "bitflip_exponent", inject, ["R205"], ("R101", "R102", "R103"))
 
 
 @drill("shuffle", "poorly shuffled order (sequential)")
