@@ -1,8 +1,9 @@
 """Reference curves in real runs: `trainguard reference record` and its refusals, and runs of the
 tiny recipe compared with the recorded reference: a clean rerun (bitwise equal, operational keys
 changed), another thread count (the band), planted changes (an attention scale, a tokenizer
-merge: caught), another recipe's reference (refused; --force), a truncated reference, and the
-comparison's state across a kill and resume."""
+merge, a schedule stepped twice under another torch: caught), another recipe's reference
+(refused; --force), a truncated reference, and the comparison's state across a kill and
+resume."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 import trainguard.data.prepare as prepare
 import trainguard.model.gpt as gpt
+import trainguard.train.loop as loop
 import trainguard.train.run as run_module
 from runhelpers import run_cli, tiny_recipe_dict
 from trainguard.cli import app
@@ -163,6 +165,35 @@ def test_planted_attention_scale_is_caught_with_the_revision_that_changed(
     assert "git_revision" in drift.data["changed"] and "f" * 40 in drift.message
     (summary,) = by_code(result.findings, "R506")
     assert not summary.data["bitwise_equal"] and summary.data["bitwise_departure"] == 1
+
+
+def test_planted_schedule_under_other_torch_leaves_the_band_with_the_drift_next_to_it(
+    reference_file: Path,
+    small_corpus: Path,
+    cache_dir: Path,
+    tmp_path: Path,
+    torch_globals,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another torch version (no bitwise expectation: the band alone decides) and a
+    learning-rate schedule stepped twice per step: R501 names the first step of departure and
+    H101, listing the torch change, comes at that step."""
+    monkeypatch.setattr(loop, "lr_at", loop.lr_at)  # undone after the test
+    planted.lr_schedule_2x()
+    env = {**environment_fingerprint(), "torch": "9.9.9"}
+    monkeypatch.setattr(run_module, "environment_fingerprint", lambda: dict(env))
+    result, event = run_tiny(
+        small_corpus, cache_dir, tmp_path / "run", f"reference.path={reference_file}"
+    )
+    assert not event["bitwise_expected"] and "torch" in event["not_bitwise_because"]
+    assert not by_code(result.findings, "R502")
+    (band,) = by_code(result.findings, "R501")
+    (drift,) = by_code(result.findings, "H101")
+    assert band.step == band.data["first_step"] == drift.step
+    assert band.data["verdict_step"] in (10, 12)  # every reference.interval steps, and the last
+    assert "torch" in drift.data["changed"] and "9.9.9" in drift.message
+    (summary,) = by_code(result.findings, "R506")
+    assert summary.data["band_departure"] == band.step
 
 
 def test_planted_tokenizer_merge_is_other_data(
