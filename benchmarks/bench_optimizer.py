@@ -6,8 +6,10 @@ is training plus the periodic validation and checkpoints. The runs are determini
 the losses repeat exactly; only the times are noisy.
 
 It also times one optimizer step over the default model's hidden matrices with trainguard's
-`Muon` (fp32 Newton-Schulz on CPU) against `torch.optim.Muon` (bfloat16 Newton-Schulz),
-alternating rounds, same gradients: why the project carries its own Muon.
+`Muon` (fp32 Newton-Schulz on CPU) against `torch.optim.Muon` (bfloat16 Newton-Schulz, where
+this torch has it), alternating rounds, same gradients. Which is faster depends on the CPU:
+bf16 matrix products are fast only with bf16 units (`avx512_bf16`, AMX), so the machine line
+(machine.py) is printed first and belongs next to the figure.
 
     python benchmarks/bench_optimizer.py [--configs adamw:500,adamw:300,muon:300] [--rounds 5]
     python benchmarks/bench_optimizer.py --configs "" --rounds 5   # the step timing only
@@ -21,10 +23,11 @@ import tempfile
 import time
 
 import torch
+from machine import describe
 
 from trainguard.config import load_recipe
 from trainguard.model.gpt import GPT
-from trainguard.train.optim import Muon, split_params
+from trainguard.train.optim import Muon, orthogonalize, split_params
 from trainguard.train.run import run_recipe
 
 
@@ -60,11 +63,32 @@ def muon_step_seconds(make_optimizer, matrices: list[torch.nn.Parameter], steps:
     return statistics.median(times)
 
 
+def precision(matrices: list[torch.nn.Parameter]) -> None:
+    """How far the Newton-Schulz result lands from the same iteration in float64, in fp32 (ours
+    on CPU) and bf16 (torch.optim.Muon's, ours on CUDA): median relative error over matrices."""
+    gen = torch.Generator().manual_seed(1)
+    errors: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    for p in matrices:
+        g = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+        ref = orthogonalize(g, dtype=torch.float64)
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            out = orthogonalize(g, dtype=dtype).to(torch.float64)
+            errors[name].append(float((out - ref).norm() / ref.norm()))
+    print("Newton-Schulz relative error to float64 (median over the matrices):")
+    for name, values in errors.items():
+        print(f"  {name}: {statistics.median(values):.2e}")
+    print()
+
+
 def step_timing(rounds: int, steps: int = 10) -> None:
     recipe = load_recipe("default")
     t = recipe.train
     model = GPT(recipe.model, recipe.tokenizer.vocab_size, recipe.data.seq_len)
     matrices, _, _ = split_params(model)
+    precision(matrices)
+    if not hasattr(torch.optim, "Muon"):
+        print(f"torch {torch.__version__} has no torch.optim.Muon: no step comparison\n")
+        return
     candidates = {
         "trainguard Muon (fp32 NS)": lambda ps: Muon(ps, lr=t.muon_lr, weight_decay=0.0),
         "torch.optim.Muon (bf16 NS)": lambda ps: torch.optim.Muon(ps, lr=t.muon_lr),
@@ -84,7 +108,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="adamw:500,adamw:300,muon:300")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the Muon step timing")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for the step timing (1: steady on a shared machine, "
+        "where OpenMP threads that wait for a busy core slow both optimizers many times)",
+    )
     args = ap.parse_args()
+    print(describe(), "\n")
+    torch.set_num_threads(args.threads)
+    print(f"torch threads: {torch.get_num_threads()}")
     step_timing(args.rounds)
     results = []
     for item in filter(None, args.configs.split(",")):

@@ -38,17 +38,18 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
 import trainguard.codes.run  # noqa: F401  (registers the R codes the guard emits)
 from trainguard.errors import ConfigError
 from trainguard.findings import Finding
-from trainguard.guards.decision import ACTIONS, STRENGTH, Action, Decision
+from trainguard.guards.decision import ACTIONS, DEVICE_CODES, STRENGTH, Action, Decision
 from trainguard.guards.rollback import checkpointer_findings, restore
 from trainguard.metrics.jsonl import MetricsLog
 from trainguard.metrics.sinks import MetricsFanout, MetricsSink
@@ -59,6 +60,7 @@ from trainguard.monitors.rerun import classify_rerun
 if TYPE_CHECKING:  # imported when a Guard is made distributed: torch.distributed, and
     # config/ imports this module (GuardsConfig)
     from trainguard.config.distributed import DistributedConfig
+    from trainguard.guards.device import PendingStep, Staged
     from trainguard.guards.distributed import DistributedGuards
 
 __all__ = ["Decision", "Guard", "GuardsConfig", "classify_rerun", "grad_norm_of"]
@@ -98,6 +100,10 @@ class GuardsConfig(MonitorsConfig):
     """Hang timeout: the larger of the floor and this multiple of the median recent step time."""
     hang_window: int = Field(32, ge=1)
     """Recent step times the hang timeout is learned from."""
+    decide_on: Literal["auto", "device", "host"] = "auto"
+    """Where `trainguard run` decides a step's skip. device: on the accelerator, no host sync
+    in the step (`Guard.step_async`; findings and the metrics row come one step later); host:
+    `Guard.step`, one sync per step; auto: device on CUDA, host elsewhere."""
 
     @field_validator("actions")
     @classmethod
@@ -118,12 +124,10 @@ def _to_float(x: Any) -> float | None:
 
 def grad_norm_of(model: Any) -> float:
     """The global L2 norm of the model's gradients (parameters without gradients ignored)."""
-    import torch
+    from trainguard.guards.device import grad_norm_tensor
 
-    norms = [p.grad.detach().float().norm(2) for p in model.parameters() if p.grad is not None]
-    if not norms:
-        return 0.0
-    return float(torch.linalg.vector_norm(torch.stack(norms), 2).item())  # deliberate host sync
+    norm = grad_norm_tensor(model)
+    return 0.0 if norm is None else float(norm.item())  # deliberate host sync
 
 
 class Guard:
@@ -164,6 +168,7 @@ class Guard:
         self.recent_bad: deque[int] = deque()
         self.history: list[dict[str, Any]] = []  # actions taken: auditable skip/rollback record
         self.pending_rollback: Decision | None = None  # what `rollback()` acts on
+        self._pending: tuple[PendingStep, Staged] | None = None  # step_async's, read at flush
         self.distributed = self._distributed_part(distributed)
 
     def _distributed_part(
@@ -199,13 +204,14 @@ class Guard:
     ) -> Decision:
         """Score this step's metrics; call before `optimizer.step()`.
 
-        `loss`/`grad_norm` may be tensors (one host sync each). Without `grad_norm`, it is
-        computed from `model`'s gradients. With `optimizer`, gradients are cleared when the
-        update must not be applied, so even an unconditional `optimizer.step()` changes
-        nothing (torch optimizers skip parameters without gradients).
+        `loss`/`grad_norm` may be tensors (one host sync each; `step_async` has none). Without
+        `grad_norm`, it is computed from `model`'s gradients. With `optimizer`, gradients are
+        cleared when the update must not be applied, so even an unconditional
+        `optimizer.step()` changes nothing (torch optimizers skip parameters without gradients).
         """
         if not self.config.enabled:
             return Decision(step)
+        self._refuse_if_pending("step")
         if grad_norm is None and model is not None:
             grad_norm = grad_norm_of(model)
         values: dict[str, float | None] = {
@@ -215,14 +221,118 @@ class Guard:
         }
         for k, v in metrics.items():
             values[k] = _to_float(v)
+        decision = self._judge(step, values)
+        if decision.action != "apply" and optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        return decision
+
+    def _judge(self, step: int, values: dict[str, float | None]) -> Decision:
+        """Detectors -> findings -> action, and the record of both (either path)."""
         if self.distributed is not None:
             values = self.distributed.agree(step, values)  # the same decision on every rank
         found = self.monitors.update(step, values)
         decision = self._decide(step, found) if found else Decision(step)
-        if decision.action != "apply" and optimizer is not None:
-            optimizer.zero_grad(set_to_none=True)
+        decision.values = values
         self._log(step, values, decision)
         return decision
+
+    # --- the device path: no host sync in the step ---------------------------------------------
+    def step_async(
+        self,
+        step: int,
+        loss: Any = None,
+        grad_norm: Any = None,
+        tokens_per_s: float | None = None,
+        model: Any = None,
+        **metrics: Any,
+    ) -> PendingStep:
+        """Judge this step on the device; do the previous step's bookkeeping (guards/device.py).
+
+            pending = guard.step_async(step, loss=loss, model=model)  # loss: a device tensor
+            earlier = pending.resolved       # the previous step's Decision, read back now
+            if earlier is not None and earlier.action == "rollback":
+                step = guard.rollback(checkpointer, state, sampler); ...; continue
+            if earlier is not None:
+                earlier.raise_if_halt()
+            pending.optimizer_step(optimizer)  # applied only if the device let it through
+            optimizer.zero_grad()
+            ...
+            last = guard.flush()             # before a checkpoint, an evaluation, the end
+
+        The skip of a non-finite or spiking step is decided and applied on the device, exactly
+        as `step` decides it; findings, logs, escalations (R204 rollback, R203 halt) and
+        divergence (R104) come one step later, in `pending.resolved` of the next call or from
+        `flush()`, before the next update. Call `flush()` before `state_dict()` (a checkpoint)
+        and act on what it returns. `loss`/`grad_norm` as Python floats work too (no device
+        work for them). Needs every skip-action code among R101-R103 (ConfigError otherwise):
+        a skip decided from the history alone cannot veto the update it arrives after.
+        """
+        from trainguard.guards.device import PendingStep, grad_norm_tensor, judge
+
+        if not self.config.enabled:
+            return PendingStep(step, None)
+        self._refuse_device_path()
+        resolved = self.flush()
+        if resolved is not None and resolved.action in ("rollback", "halt"):
+            return PendingStep(step, None, resolved, dropped=True)
+        if grad_norm is None and model is not None:
+            grad_norm = grad_norm_tensor(model)
+        values = {"loss": loss, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, **metrics}
+        ok, staged = judge(self, values)
+        pending = PendingStep(step, ok, resolved)
+        self._pending = (pending, staged)
+        return pending
+
+    def flush(self) -> Decision | None:
+        """The pending step's bookkeeping now (one host read of its staged values): its
+        Decision, or None when nothing is pending. A skipped update's host-side state is put
+        back here (guards/masked_step.py), before anything can read it."""
+        if self._pending is None:
+            return None
+        pending, staged = self._pending
+        self._pending = None
+        values, applied = staged.read()
+        decision = self._judge(pending.step, values)
+        vetoed = any(
+            f.code in DEVICE_CODES and self.actions.get(f.code, "apply") != "apply"
+            for f in decision.findings
+        )
+        if not applied and pending.repair is not None:
+            pending.repair.undo()
+        if vetoed == applied:  # the two evaluations of one formula disagree: never expected
+            warnings.warn(
+                f"step {pending.step}: the device {'applied' if applied else 'skipped'} the "
+                f"update but the detectors say {decision.action}; the device's choice stands",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return decision
+
+    def _refuse_device_path(self) -> None:
+        late = sorted(c for c, a in self.actions.items() if a == "skip" and c not in DEVICE_CODES)
+        if late and late != ["R204"]:
+            raise ConfigError(
+                f"guard.step_async decides skips on the device from R101-R103 only; "
+                f"{', '.join(c for c in late if c != 'R204')} configured to skip needs the "
+                "value on the host",
+                "use guard.step for this configuration, or give those codes apply, rollback "
+                "or halt",
+            )
+        part = self.distributed
+        if part is not None and part.active and part.agree_metrics:
+            raise ConfigError(
+                "guard.step_async cannot average the metrics over the ranks without a host sync",
+                "all-reduce the loss yourself (the gradient norm after DDP is already shared) "
+                "and build the part with DistributedGuards(..., agree_metrics=False), or use "
+                "guard.step",
+            )
+
+    def _refuse_if_pending(self, what: str) -> None:
+        if self._pending is not None:
+            raise RuntimeError(
+                f"guard.{what} with step {self._pending[0].step} still pending from "
+                "step_async: call guard.flush() first and act on its decision"
+            )
 
     def _decide(self, step: int, found: list[Finding]) -> Decision:
         c = self.config
@@ -355,6 +465,7 @@ class Guard:
 
     # --- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        self._refuse_if_pending("state_dict")  # its values are not in the windows yet
         state = {
             "version": 1,
             "monitors": self.monitors.state_dict(),

@@ -15,6 +15,9 @@ from trainguard.findings import Finding
 Action = Literal["apply", "skip", "rollback", "halt"]
 ACTIONS: tuple[str, ...] = ("apply", "skip", "rollback", "halt")
 STRENGTH = {a: i for i, a in enumerate(ACTIONS)}
+# The codes `Guard.step_async` decides on the device: the only ones whose skip vetoes the
+# update of the very step they score (guards/device.py).
+DEVICE_CODES: tuple[str, ...] = ("R101", "R102", "R103")
 
 
 @dataclass
@@ -28,6 +31,9 @@ class Decision:
     """Recompute this step from the same state and batch, then call `guard.classify_rerun`."""
     bad_steps: list[int] = field(default_factory=list)
     """With a rollback: the steps whose batches the replay must skip."""
+    values: dict[str, float | None] = field(default_factory=dict)
+    """The metrics the decision was taken on, as the host read them (for `step_async`, the
+    first time the loop sees them on the host)."""
 
     @property
     def apply(self) -> bool:

@@ -37,36 +37,54 @@ class SpikeDetector:
         self.min_history = min_history
         self.window = RollingWindow(window)
 
+    def threshold(self) -> tuple[float, float, float] | None:
+        """(median, sigma, ratio line) of the window as it stands: what the next value is
+        scored against, or None while it is not scored (too little history, median <= 0).
+
+        Known before the value arrives, so a device can apply `spiked` to the value itself
+        (guards/device.py) and agree with `update` exactly."""
+        if len(self.window) < self.min_history:
+            return None
+        med = self.window.median()
+        if med <= 0:
+            return None
+        # Floor sigma so a perfectly flat window does not divide by zero; the ratio test
+        # already demands a real rise.
+        sigma = max(self.window.robust_sigma(), 1e-12 * med)
+        return med, sigma, self.min_ratio * med
+
+    def spiked(self, x: Any, threshold: tuple[float, float, float]) -> Any:
+        """The spike test of a finite `x` against `threshold()`: one expression for a Python
+        float (a bool) and a float64 tensor on any device (a bool tensor, no host sync)."""
+        med, sigma, line = threshold
+        return (x >= line) & ((x - med) / sigma > self.z_threshold)
+
     def update(self, step: int, metrics: Mapping[str, float | None]) -> list[Finding]:
         x = metrics.get(self.metric)
         if x is None or not math.isfinite(x):
             return []  # R101's business; a NaN must not poison the window either
         out: list[Finding] = []
-        if len(self.window) >= self.min_history:
-            med = self.window.median()
-            if med > 0 and x >= self.min_ratio * med:
-                # Floor sigma so a perfectly flat window does not divide by zero; the ratio test
-                # above already demands a real rise.
-                sigma = max(self.window.robust_sigma(), 1e-12 * med)
-                z = (x - med) / sigma
-                if z > self.z_threshold:
-                    out.append(
-                        Finding.of(
-                            self.code,
-                            f"{self.metric} spiked to {x:.4g} at step {step}: {x / med:.2f}x the "
-                            f"rolling median {med:.4g}, {z:.1f} robust standard deviations above",
-                            step=step,
-                            metric=self.metric,
-                            data={
-                                "value": float(x),
-                                "median": float(med),
-                                "sigma": float(sigma),
-                                "z": float(min(z, 1e12)),
-                                "ratio": float(x / med),
-                                "window": len(self.window),
-                            },
-                        )
-                    )
+        threshold = self.threshold()
+        if threshold is not None and self.spiked(x, threshold):
+            med, sigma, _ = threshold
+            z = (x - med) / sigma
+            out.append(
+                Finding.of(
+                    self.code,
+                    f"{self.metric} spiked to {x:.4g} at step {step}: {x / med:.2f}x the "
+                    f"rolling median {med:.4g}, {z:.1f} robust standard deviations above",
+                    step=step,
+                    metric=self.metric,
+                    data={
+                        "value": float(x),
+                        "median": float(med),
+                        "sigma": float(sigma),
+                        "z": float(min(z, 1e12)),
+                        "ratio": float(x / med),
+                        "window": len(self.window),
+                    },
+                )
+            )
         self.window.push(float(x))
         return out
 

@@ -2,7 +2,8 @@
 
 The run orchestration (`train/run.py`) decides when to step, evaluate, checkpoint and act on
 findings; this module only does the arithmetic of a step. It never syncs with the host except
-where marked: the loss and the gradient norm, which every guard needs, once per step.
+where marked: the loss and the gradient norm, which every guard needs, once per step (none
+when the guard decides on the device, `guards.decide_on`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from trainguard.config.schema import Recipe
 from trainguard.data.order import ElasticOrder, batch_hash
 from trainguard.drills.faults import FaultPlan
+from trainguard.guards.device import PendingStep
 from trainguard.train.optim import Optimizer
 from trainguard.train.schedule import lr_at
 
@@ -27,8 +29,9 @@ from trainguard.train.schedule import lr_at
 class StepResult:
     """What one forward/backward over the global batch produced, before the update."""
 
-    loss: float
-    grad_norm: float
+    loss: float | torch.Tensor
+    """A float, or a 0-dim tensor on the device when asked for without a host sync."""
+    grad_norm: float | torch.Tensor
     batch_hash: str
     ids: np.ndarray
 
@@ -97,10 +100,12 @@ class Trainer:
         tokens = tokens.to(self.device, non_blocking=True)
         return tokens[:, :-1], tokens[:, 1:]  # inputs (b, T), targets (b, T)
 
-    def forward_backward(self, step: int, position: int) -> StepResult:
+    def forward_backward(self, step: int, position: int, on_host: bool = True) -> StepResult:
         """Gradients of the global batch at `position`, accumulated over micro-batches.
 
         `step` is the 1-based number of the step being computed (the `step` of its log row).
+        `on_host=False` leaves the loss and gradient norm on the device (no host sync) for the
+        guard's device path.
         """
         t = self.recipe.train
         self._phase("data", step)
@@ -134,12 +139,15 @@ class Trainer:
         clip = t.grad_clip if t.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         mean_loss = self.world.all_reduce_mean(loss_sum / t.grad_accum)
+        if not on_host:
+            return StepResult(mean_loss, grad_norm, batch_hash(ids), ids)
         # One deliberate host sync per step: the guards need both numbers.
         stats = torch.stack([mean_loss, grad_norm.to(mean_loss.dtype)]).tolist()
         return StepResult(loss=stats[0], grad_norm=stats[1], batch_hash=batch_hash(ids), ids=ids)
 
-    def apply_update(self, step: int) -> float:
-        """Set step `step`'s (1-based) learning rates and apply the update.
+    def apply_update(self, step: int, pending: PendingStep | None = None) -> float:
+        """Set step `step`'s (1-based) learning rates and apply the update; with `pending`
+        (`Guard.step_async`'s), only if the device let it through.
 
         Returns train.lr's scheduled value, the `lr` of the step's log row."""
         t = self.recipe.train
@@ -149,7 +157,10 @@ class Trainer:
         factor = lr_at(step - 1, 1.0, t.warmup_steps, t.max_steps, t.min_lr_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = group.get("peak_lr", t.lr) * factor
-        self.optimizer.step()
+        if pending is None:
+            self.optimizer.step()
+        else:
+            pending.optimizer_step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         return t.lr * factor
 

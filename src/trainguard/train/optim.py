@@ -6,12 +6,16 @@ norm gains and biases keep AdamW. On the default recipe 300 Muon steps reach abo
 validation loss of 500 AdamW steps (docs/benchmarks.md), which is what lets the demo fit its
 5-minute budget on two CPU cores.
 
-Why not `torch.optim.Muon`: it runs Newton-Schulz in bfloat16, which is fast on GPUs and slow
-on CPUs without bf16 units; on this project's CPU machine its step over the default model's
-matrices took 961 ms against 43 ms for the fp32 iteration here (22x; `python
-benchmarks/bench_optimizer.py --configs ""`), more than a whole training step. `Muon` below
-follows torch's update rule (EMA momentum, Nesterov, shape-adjusted lr, decoupled weight decay)
-and iterates in bfloat16 only on CUDA.
+Why not `torch.optim.Muon`: it runs Newton-Schulz in bfloat16, which lands about 2.6e-2
+(relative) from the same iteration in float64, against 1.4e-6 in float32 here; torch before 2.9
+has no Muon at all; and the guard's device path skips an update of this Muon through
+`found_inf` on the device (guards/masked_step.py). Speed is no reason either way: it depends on
+the CPU. On an AMD EPYC with avx512_bf16 (bf16 dot-product units), torch's step over the
+default model's matrices took 0.6x the time of this one's (77 ms vs 130 ms, one thread;
+`python benchmarks/bench_optimizer.py --configs ""`, docs/benchmarks.md quotes each figure with
+its CPU); an earlier "22x slower" came from a machine whose CPU was not recorded. `Muon`
+below follows torch's update rule (EMA momentum, Nesterov, shape-adjusted lr, decoupled weight
+decay) and iterates in bfloat16 only on CUDA.
 
 Each param group carries `peak_lr`, its own peak learning rate; the run scales every group by
 the same schedule factor (train/schedule.py), so AdamW and Muon warm up and decay together.
@@ -33,14 +37,19 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 NS_STEPS = 5
 
 
-def orthogonalize(g: torch.Tensor, steps: int = NS_STEPS) -> torch.Tensor:
+def orthogonalize(
+    g: torch.Tensor, steps: int = NS_STEPS, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Approximately U V^T of g = U S V^T: every singular value pushed to about 1.
 
     The quintic iteration converges to singular values in roughly [0.7, 1.2], not exactly 1,
-    which trains as well and takes 5 steps instead of dozens (Jordan et al. 2024).
+    which trains as well and takes 5 steps instead of dozens (Jordan et al. 2024). It runs in
+    `dtype`: by default bfloat16 on CUDA, float32 elsewhere.
     """
     a, b, c = NS_COEFFICIENTS
-    x = g.to(torch.bfloat16 if g.is_cuda else torch.float32)
+    if dtype is None:
+        dtype = torch.bfloat16 if g.is_cuda else torch.float32
+    x = g.to(dtype)
     tall = x.size(0) > x.size(1)
     if tall:  # iterate on the wide side: X X^T is the smaller Gram matrix
         x = x.T
@@ -74,8 +83,13 @@ class Muon(torch.optim.Optimizer):
                         f"{tuple(p.shape)}; give it to AdamW"
                     )
 
+    # `found_inf` (GradScaler's convention, a 0-dim tensor, 1 = skip), set by the guard's
+    # device-side skip (guards/masked_step.py): the update is selected away on the device.
+    _step_supports_found_inf = True
+
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:
+        found_inf = getattr(self, "found_inf", None)
         for group in self.param_groups:
             lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
             for p in group["params"]:
@@ -85,10 +99,20 @@ class Muon(torch.optim.Optimizer):
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p)
                 buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - mu)
-                update = orthogonalize(p.grad.lerp(buf, mu))
-                p.mul_(1 - lr * wd)
-                p.add_(update, alpha=-lr * math.sqrt(max(1.0, p.size(0) / p.size(1))))
+                scale = -lr * math.sqrt(max(1.0, p.size(0) / p.size(1)))
+                if found_inf is None:
+                    buf.lerp_(p.grad, 1 - mu)
+                    update = orthogonalize(p.grad.lerp(buf, mu))
+                    p.mul_(1 - lr * wd)
+                    p.add_(update, alpha=scale)
+                    continue
+                # The same arithmetic out of place, kept only where found_inf is 0.
+                keep = found_inf.to(p.device, non_blocking=True) == 0
+                new_buf = buf.lerp(p.grad, 1 - mu)
+                update = orthogonalize(p.grad.lerp(new_buf, mu))
+                new_p = p.mul(1 - lr * wd).add_(update, alpha=scale)
+                buf.copy_(torch.where(keep, new_buf, buf))
+                p.copy_(torch.where(keep, new_p, p))
 
 
 class OptimizerSet:
@@ -167,13 +191,15 @@ def build_optimizer(recipe: Recipe, model: nn.Module) -> Optimizer:
     adamw: weight decay on hidden matrices only (decaying norm gains, biases and embeddings
     pulls scales and rare-token rows toward zero for no regularising gain). muon: Muon on the
     hidden matrices (decoupled weight decay, lr adjusted by matrix shape),
-    AdamW without decay on everything else. `foreach`/`fused` stay at torch's defaults, which
-    on CPU are the single-tensor loops: deterministic, so the same recipe gives bitwise the
-    same weights.
+    AdamW without decay on everything else. On CPU `foreach`/`fused` stay at torch's
+    defaults, the single-tensor loops: deterministic, so the same recipe gives bitwise the same
+    weights. On CUDA AdamW is fused: torch's fastest, and the guard's device path skips its
+    update through `found_inf` at no cost (guards/masked_step.py).
     """
     t = recipe.train
     matrices, embeds, others = split_params(model)
     betas = (t.beta1, t.beta2)
+    fused = True if any(p.is_cuda for p in model.parameters()) else None
     if t.optimizer == "adamw":
         groups = _with_peak(
             [
@@ -181,7 +207,7 @@ def build_optimizer(recipe: Recipe, model: nn.Module) -> Optimizer:
                 {"params": embeds + others, "weight_decay": 0.0, "lr": t.lr},
             ]
         )
-        return torch.optim.AdamW(groups, lr=t.lr, betas=betas)
+        return torch.optim.AdamW(groups, lr=t.lr, betas=betas, fused=fused)
     muon = Muon(
         _with_peak([{"params": matrices, "lr": t.muon_lr}]),
         lr=t.muon_lr,
@@ -193,5 +219,6 @@ def build_optimizer(recipe: Recipe, model: nn.Module) -> Optimizer:
         lr=t.lr,
         betas=betas,
         weight_decay=0.0,
+        fused=fused,
     )
     return OptimizerSet({"muon": muon, "adamw": adamw})

@@ -26,10 +26,11 @@ from trainguard.model.gpt import GPT
 from trainguard.monitors.watchdog import Watchdog
 from trainguard.train import rundir
 from trainguard.train.actions import StepPositions, next_position, rerun_to_classify, rollback
+from trainguard.train.device_steps import DeviceSteps
 from trainguard.train.distributed import Dist, init_distributed
 from trainguard.train.envinfo import drift_findings, environment_fingerprint
 from trainguard.train.evals_hook import RunEvals
-from trainguard.train.loop import Trainer, World
+from trainguard.train.loop import StepResult, Trainer, World
 from trainguard.train.metrics import ProgressDisplay, unlogged_hang_reports
 from trainguard.train.multiproc import MultiProcessGuards
 from trainguard.train.optim import build_optimizer
@@ -300,6 +301,7 @@ class RunSession:
         self.evals.maybe_run(self.state.step)  # the baseline before the first step
         tokens_per_step = self.trainer.global_batch * r.data.seq_len
         positions = StepPositions()
+        lagged = DeviceSteps(self) if self.decides_on_device() else None
         self.multi.arm_sigterm_dump()
         try:
             if self.state.step == 0:
@@ -309,35 +311,52 @@ class RunSession:
                 position = next_position(self)
                 positions.record(step, position)
                 t0 = time.perf_counter()
-                out = self.multi.guarded(step, self.trainer.forward_backward, step, position)
-                tokens_per_s = tokens_per_step / (time.perf_counter() - t0)
-                decision = self.guard.step(
-                    step, loss=out.loss, grad_norm=out.grad_norm, tokens_per_s=tokens_per_s
+                out = self.multi.guarded(
+                    step, self.trainer.forward_backward, step, position, lagged is None
                 )
-                if decision.rerun:
-                    rerun_to_classify(self, decision, out, position)
-                self.record(decision.findings)
-                if decision.action == "rollback":
-                    rollback(self, decision, positions)
-                    continue
-                decision.raise_if_halt()
-                if decision.apply:
-                    lr = self.trainer.apply_update(step)
-                else:
-                    self.trainer.discard_update()
-                    lr = 0.0
                 done = step == t.max_steps
                 checkpoint_due = step % r.checkpoint.interval == 0 or done
+                eval_due = step % t.eval_interval == 0 or done
+                if lagged is None:
+                    tokens_per_s = tokens_per_step / (time.perf_counter() - t0)
+                    decision = self.guard.step(
+                        step, loss=out.loss, grad_norm=out.grad_norm, tokens_per_s=tokens_per_s
+                    )
+                    if decision.rerun:
+                        rerun_to_classify(self, decision, out, position)
+                    self.record(decision.findings)
+                    if decision.action == "rollback":
+                        rollback(self, decision, positions)
+                        continue
+                    decision.raise_if_halt()
+                    if decision.apply:
+                        lr = self.trainer.apply_update(step)
+                    else:
+                        self.trainer.discard_update()
+                        lr = 0.0
+                else:  # the guard decides on the device; the previous step settles here
+                    tokens_per_s = lagged.tokens_per_s(tokens_per_step, t0)
+                    pending = lagged.judge(step, out, tokens_per_s, positions)
+                    if pending is None:
+                        continue  # the previous step rolled back
+                    lr = self.trainer.apply_update(step, pending)
+                    lagged.hold(step, self.step_row(step, out, lr, tokens_per_s, t0))
+                    if (checkpoint_due or eval_due) and not lagged.flush(positions):
+                        continue
                 diverged = self.multi.check_update(step, checkpoint_due)
                 if diverged:  # H201: every rank reloads the newest verified checkpoint
                     self.record(diverged)
+                    if lagged is not None:  # settle first: rollback reads the guard's state
+                        lagged.discard(step)
+                        if not lagged.flush(positions):
+                            continue
                     rollback(self, Decision(step, "rollback", diverged), positions)
                     continue
                 self.state.advance(
                     self.trainer.global_batch, tokens_per_step, self.trainer.order.num_samples
                 )
                 dt = time.perf_counter() - t0
-                if self.is_main:
+                if self.is_main and lagged is None:
                     self.metrics.write(
                         {
                             "kind": "step",
@@ -356,11 +375,12 @@ class RunSession:
                 if step in self.replayed_hashes:
                     expected = {step: self.replayed_hashes.pop(step)}
                     self.record(compare_batch_hashes(expected, {step: out.batch_hash}))
-                self.display.update(step, out.loss, tokens_per_step / dt)
+                if lagged is None:
+                    self.display.update(step, out.loss, tokens_per_step / dt)
                 self.record(self.multi.after_step(step))
                 if self.watchdog is not None:
                     self.watchdog.heartbeat(step)
-                if step % t.eval_interval == 0 or done:
+                if eval_due:
                     self.evaluate()
                 self.evals.maybe_run(step, final=done)
                 if checkpoint_due:
@@ -374,6 +394,31 @@ class RunSession:
                 self.watchdog.stop()
             self.multi.disarm_sigterm_dump()
             self.display.close()
+
+    def decides_on_device(self) -> bool:
+        """guards.decide_on: the device path on CUDA unless the recipe says otherwise."""
+        g = self.recipe.guards
+        if not g.enabled or g.decide_on == "host":
+            return False
+        return g.decide_on == "device" or self.device.type == "cuda"
+
+    @staticmethod
+    def step_row(
+        step: int, out: StepResult, lr: float, tokens_per_s: float, t0: float
+    ) -> dict[str, object]:
+        """A step's metrics row before its values are read back (the device path)."""
+        return {
+            "kind": "step",
+            "step": step,
+            "loss": None,
+            "grad_norm": None,
+            "lr": lr,
+            "tokens_per_s": tokens_per_s,
+            "batch_hash": out.batch_hash,
+            "step_time_s": time.perf_counter() - t0,
+            "time": time.time(),
+            "action": None,
+        }
 
     def result(self) -> RunResult:
         model = getattr(self, "model", None)  # absent when setup failed
