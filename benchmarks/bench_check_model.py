@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from machine import describe
 
 from trainguard.checks.model_checks import run_model_checks  # noqa: E402
 from trainguard.config.load import load_recipe  # noqa: E402
@@ -61,6 +62,7 @@ def main() -> None:
         "--precision-table", action="store_true", help="print the reduction outcome table only"
     )
     args = ap.parse_args()
+    print(describe())
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.precision_table:

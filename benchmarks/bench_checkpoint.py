@@ -27,6 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from machine import describe
+
 from trainguard.checkpoint import CheckpointStore, RetryPolicy  # noqa: E402
 
 
@@ -161,7 +163,7 @@ def render(rows: list[tuple], mb: float, s3_mb: float, repeats: int, cmd: str) -
         f"Command: `{cmd}`  ",
         f"Payload: {mb:.0f} MiB local, {s3_mb:.0f} MiB S3, in 3 files (incompressible); median of "
         f"{repeats} runs; machine: "
-        f"{os.cpu_count()} CPU cores, shared with other jobs (noisy). Ratio = candidate time / "
+        f"{describe()} (shared with other jobs, noisy). Ratio = candidate time / "
         "baseline time (lower is better for the candidate).",
         "",
         "| candidate | median s | MiB/s | baseline | median s | MiB/s | ratio |",
@@ -186,6 +188,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to write (default: a temp folder)")
     ap.add_argument("--markdown", default=None, help="write the results section here")
     args = ap.parse_args()
+    print(describe())
 
     base = Path(args.dir or tempfile.mkdtemp(prefix="bench-ckpt-"))
     try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,8 @@ from pathlib import Path
 
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")  # one core for both contenders
+
+from machine import describe  # noqa: E402
 
 from trainguard.dedup.local import dedup_file, dedup_texts  # noqa: E402
 from trainguard.dedup.lsh import DedupParams  # noqa: E402
@@ -188,8 +189,7 @@ def markdown(local: dict, spark: list[dict] | None, cmd: str) -> str:
         "",
         f"Command: `{cmd}`",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores shared with other jobs (load "
-        f"average {os.getloadavg()[0]:.0f} at the end), Python {platform.python_version()}. "
+        f"Machine: {describe()} (shared with other jobs). "
         f"Corpus: {local['docs']} documents of about 200 words, planted near duplicates at "
         "Jaccard 0.95/0.9/0.86 and dissimilar pairs at 0.5/0.3. Parameters for both: word "
         "5-grams, 112 hashes as 14 bands x 8 rows, threshold 0.8, one core (both are "
@@ -242,6 +242,7 @@ def main() -> None:
     ap.add_argument("--markdown", help="write the results section to this file")
     ap.add_argument("--spark-worker", nargs=2, metavar=("SRC", "CORES"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    print(describe())
     if args.spark_worker:
         print(json.dumps(spark_worker(args.spark_worker[0], int(args.spark_worker[1]))))
         return

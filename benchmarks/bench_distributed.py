@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import yaml
+from machine import describe
 
 VARIANTS: dict[str, list[str]] = {
     "1 process": [],
@@ -109,6 +110,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--markdown", type=Path, default=None)
     args = ap.parse_args()
+    print(describe())
 
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -145,7 +147,7 @@ def main() -> None:
         args.markdown.write_text(
             "## Multi-process training\n\n"
             f"Command: `{cmd}`\n\n"
-            f"Machine: {os.cpu_count()} CPU cores, {platform.platform()}, "
+            f"Machine: {describe()}, {platform.platform()}, "
             f"{time.strftime('%Y-%m-%d')}. Model: 2 layers, d_model 128, seq_len 64, global "
             f"batch 16, {args.steps} steps, throughput over steps {args.skip}..{args.steps}.\n\n"
             f"{table}\n"

@@ -22,6 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from machine import describe
+
 from trainguard.config.schema import DataConfig, ModelConfig  # noqa: E402
 from trainguard.data.tokenizer import train_tokenizer  # noqa: E402
 from trainguard.evals import builtin  # noqa: E402
@@ -54,6 +56,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--markdown", type=Path)
     args = ap.parse_args()
+    print(describe())
     torch.set_num_threads(args.threads)
     data = DataConfig()  # stdlib, val_fraction 0.05: the default recipe's split
     t = time.perf_counter()

@@ -13,13 +13,13 @@ included, so the per-step cost is the amortised one.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from machine import describe
 
 from trainguard.guard import Guard
 from trainguard.monitors import MonitorSet
@@ -94,8 +94,8 @@ def markdown(med: dict[str, float], steps: int, repeats: int, command: str) -> s
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {platform.machine()}, {platform.system()}, Python {platform.python_version()}, "
-        f"numpy {np.__version__}; {steps} steps, median of {repeats} interleaved repeats.",
+        f"Machine: {describe()}; numpy {np.__version__}; {steps} steps, median of {repeats} "
+        "interleaved repeats.",
         "",
         "| what | µs per step (median) | extra over the bare loop |",
         "|---|---|---|",
@@ -112,6 +112,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--write", type=Path, default=None)
     args = ap.parse_args()
+    print(describe())
     med = run(args.steps, args.repeats)
     base = med["bare loop (baseline)"]
     for name, v in med.items():

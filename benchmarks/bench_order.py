@@ -10,13 +10,12 @@ hold 8 GB: it is reported as its computed size and not materialised.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 import tracemalloc
 
 import numpy as np
+from machine import describe
 
 from trainguard.data.order import ElasticOrder
 
@@ -68,10 +67,8 @@ def render(rows: list[dict], command: str) -> str:
         "## Elastic data order (`trainguard.data.order`)",
         "",
         f"Command: `{command}`  ",
-        f"Machine: {platform.processor() or platform.machine()}, Python "
-        f"{platform.python_version()}, numpy {np.__version__}, {os.cpu_count()} cores, load "
-        f"average {os.getloadavg()[0]:.1f} at the end of the run. Medians of repeated runs; "
-        "rates are index lookups per second.",
+        f"Machine: {describe()} at the end of the run; numpy {np.__version__}. Medians of "
+        "repeated runs; rates are index lookups per second.",
         "",
         "| N | batch | Feistel vectorised | Feistel scalar | numpy perm[idx] | vec / numpy | "
         "Feistel peak mem | numpy table (peak) | numpy build |",
@@ -112,6 +109,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--write", help="write the markdown section to this file")
     args = ap.parse_args()
+    print(describe())
     rng = np.random.default_rng(0)
     rows = [bench(n, b, args.repeats, rng) for n in (10**7, 10**9) for b in (256, 65536)]
     for r in rows:

@@ -24,6 +24,8 @@ from scipy.optimize import minimize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from machine import describe  # noqa: E402
+
 from trainguard.scaling.fit import (  # noqa: E402
     ScalingLaw,
     _huber,
@@ -84,6 +86,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--markdown", type=Path, help="write a markdown section here")
     args = ap.parse_args()
+    print(describe())
     n, d, loss = runs(args.runs)
     cand_t, base_t = [], []
     for _ in range(args.repeats):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from machine import describe
 
 from trainguard.config import load_recipe
 from trainguard.data.order import ElasticOrder
@@ -74,6 +75,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    print(describe())
     overrides = [
         f"train.max_steps={args.steps}",
         f"train.eval_interval={args.steps}",

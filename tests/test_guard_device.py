@@ -113,10 +113,12 @@ def replay_sync(loss, grad, config):
     return out
 
 
-def replay_device(loss, grad, config):
+def replay_device(loss, grad, config, device="cpu"):
     guard, flags, decisions = Guard(config=config), [], []
+    losses = torch.tensor(loss, device=device)
+    grads = torch.tensor(grad, device=device)
     for s in range(len(loss)):
-        pending = guard.step_async(s, loss=torch.tensor(loss[s]), grad_norm=torch.tensor(grad[s]))
+        pending = guard.step_async(s, loss=losses[s], grad_norm=grads[s])
         if pending.resolved is not None:
             decisions.append(pending.resolved)
         if pending.dropped:
@@ -317,3 +319,42 @@ def test_host_floats_are_judged_without_device_work():
         assert [n for n, _ in calls] in ([], ["numpy"])
         flags.append(bool(pending.ok))
     assert [i for i, ok in enumerate(flags) if not ok] == [50]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_hot_path_never_syncs_and_decides_like_the_host():
+    """On a GPU: the decisions on CUDA tensors (float64 comparisons on the device) equal the
+    host path's, and judging a step plus the masked update of each kind (fused found_inf,
+    Muon found_inf, the where-restored snapshot) run under torch's sync debug mode set to
+    error: any device-to-host sync in them raises."""
+    dev = torch.device("cuda")
+    for seed in range(20):
+        loss, grad = make_stream(seed)
+        config = config_for(seed)
+        assert replay_device(loss, grad, config, dev) == replay_sync(loss, grad, config), seed
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64, bias=False).to(dev)
+    optimizers = [
+        torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True),
+        Muon(model.parameters(), lr=0.02),
+        torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9),
+    ]
+    loss = S.clean_loss(60, seed=3, noise=0.02).astype(np.float32)
+    loss[40] = math.nan
+    losses = torch.tensor(loss, device=dev)
+    guard, flags = Guard(config=GuardsConfig(spike_min_history=8)), []
+    for s in range(60):
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 1e-3)
+        guard.flush()  # the bookkeeping of the previous step: the one read, outside the check
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            pending = guard.step_async(s, loss=losses[s], model=model)
+            for opt in optimizers:
+                pending.optimizer_step(opt)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        flags.append(bool(pending.ok))
+    assert [i for i, ok in enumerate(flags) if not ok] == [40]
+    assert torch.isfinite(model.weight).all()
