@@ -1,25 +1,41 @@
 # Setup lives here so that a fresh machine needs nothing installed by hand.
-# torch is pinned to the CPU build: a bare `torch` requirement would pull a multi-GB CUDA build.
+# torch: TORCH is the requirement, TORCH_INDEX the index it comes from (empty: pip's own
+# configuration, PyPI by default). From PyPI, torch on Linux is the CUDA build: several GB, and
+# it runs on a CPU too. CPU-only machines get the small CPU build from PyTorch's CPU index:
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128   # a given CUDA version
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH))))
+STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH))))$(if $(strip $(TORCH_INDEX)),-$(notdir $(TORCH_INDEX)),-pypi)
+
+# pip --quiet still prints one warning per package when pip's configuration names a local
+# index folder that lacks the package ("Location '...' is ignored: it is neither a file nor a
+# directory"). Exactly that message is filtered out; every other line, errors included, passes,
+# and pip's exit status is kept (pipefail).
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+PIP_FILTER = 2>&1 | { grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$$" || true; }
 
 .PHONY: setup setup-dev demo test lint format bench clean
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "creating $(VENV)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip $(PIP_FILTER)
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e .
-	touch $(STAMP)
+	@echo "installing $(TORCH)$(if $(strip $(TORCH_INDEX)), from $(TORCH_INDEX)) and trainguard into $(VENV)"
+	@$(BIN)/pip install --quiet "$(TORCH)" $(if $(strip $(TORCH_INDEX)),--index-url $(TORCH_INDEX)) $(PIP_FILTER)
+	@$(BIN)/pip install --quiet -e . $(PIP_FILTER)
+	@touch $(STAMP)
 
 $(STAMP)-dev: $(STAMP)
-	$(BIN)/pip install --quiet -e ".[dev]"
-	touch $(STAMP)-dev
+	@echo "installing the dev extras (tests, lint, benchmarks) into $(VENV)"
+	@$(BIN)/pip install --quiet -e ".[dev]" $(PIP_FILTER)
+	@touch $(STAMP)-dev
 
 setup: $(STAMP)
 
@@ -39,8 +55,8 @@ format: setup-dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: setup
-	$(BIN)/python benchmarks/run_all.py
+bench: setup-dev
+	$(BIN)/python benchmarks/run_all.py --out runs/bench/summary.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -22,3 +22,50 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 )
 def test_generated_docs_are_current(page, render, command):
     assert (DOCS / page).read_text() == render(), f"docs/{page} is stale: run `{command}`"
+
+
+# --- the fire-drill matrix in README.md (trainguard.drills.readme) ----------------------------
+README = DOCS.parent / "README.md"
+REGENERATE = "python -m trainguard.drills.readme README.md"
+
+
+def test_readme_drill_matrix_lists_every_drill_in_order():
+    from trainguard.drills.readme import row_for, table_in
+    from trainguard.drills.scenarios import DRILLS
+
+    table = table_in(README.read_text())
+    faults = [d.fault for d in DRILLS.values()]
+    rows = [row_for(table, f) for f in faults]
+    missing = [f for f, r in zip(faults, rows, strict=True) if r is None]
+    assert not missing, f"README's drill matrix lacks {missing}: run `{REGENERATE}`"
+    body = table.splitlines()[2:]
+    assert rows == body, f"README's drill matrix is not in the drills' order: run `{REGENERATE}`"
+
+
+def test_readme_drill_matrix_precision_row_is_what_the_code_renders(tmp_path):
+    """The one drill fast enough for the default run (no training, no data); the whole matrix
+    is compared in the slow set (tests/test_drill.py::test_default_recipe_drill_matrix)."""
+    from trainguard.drills.matrix import matrix_markdown
+    from trainguard.drills.readme import normalise, row_for, table_in
+    from trainguard.drills.runner import DrillContext
+    from trainguard.drills.scenarios import DRILLS
+
+    drill = DRILLS["precision"]
+    rendered = matrix_markdown([drill.run(DrillContext(workdir=tmp_path))])
+    want = row_for(rendered, drill.fault)
+    got = row_for(table_in(README.read_text()), drill.fault)
+    assert got is not None and normalise(got) == normalise(want), f"run `{REGENERATE}`"
+
+
+def test_drill_matrix_normalisation_hides_hosts_and_timings_only():
+    from trainguard.drills.readme import normalise, table_in, with_table
+
+    a = "| x | R210 | exit 3 (forward, 5.18s); rank 1 (vm) named, score 0.31 | 6.9172 |"
+    b = "| x | R210 | exit 3 (forward, 12s); rank 1 (gpu-7.local) named, score 1.4 | 6.9172 |"
+    assert normalise(a) == normalise(b)
+    assert normalise(a) != normalise(a.replace("6.9172", "6.9173"))  # losses are compared
+    assert normalise(a) != normalise(a.replace("rank 1", "rank 2"))  # so are the ranks named
+    readme = README.read_text()
+    assert with_table(readme, table_in(readme)) == readme
+    with pytest.raises(ValueError, match="drill-matrix"):
+        table_in("# a README without markers\n")
