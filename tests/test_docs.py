@@ -63,6 +63,8 @@ def test_drill_matrix_normalisation_hides_hosts_and_timings_only():
     a = "| x | R210 | exit 3 (forward, 5.18s); rank 1 (vm) named, score 0.31 | 6.9172 |"
     b = "| x | R210 | exit 3 (forward, 12s); rank 1 (gpu-7.local) named, score 1.4 | 6.9172 |"
     assert normalise(a) == normalise(b)
+    doctor = "| d | H401 | 0 | rank 1 (vm) named; doctor exit 1 in 18.1s | yes |"
+    assert normalise(doctor) == normalise(doctor.replace("18.1s", "35s").replace("vm", "n2"))
     assert normalise(a) != normalise(a.replace("6.9172", "6.9173"))  # losses are compared
     assert normalise(a) != normalise(a.replace("rank 1", "rank 2"))  # so are the ranks named
     readme = README.read_text()

@@ -378,3 +378,52 @@ def test_ddp_ranks_agree_and_roll_back_a_corrupted_replica(tmp_path: Path) -> No
     rows = [json.loads(x) for x in (tmp_path / "rank1" / "guard.jsonl").read_text().splitlines()]
     (h201,) = [r for r in rows if r.get("code") == "H201"]  # two replicas: no majority
     assert h201["step"] == 6 and h201["data"]["replica_set"] == [0, 1]
+
+
+# -- the device path (guards.decide_on="device": what CUDA gets by default) -----------------------
+DEVICE = WARMUP.model_copy(update={"decide_on": "device"})
+
+
+def judged_on_device(guard: Guard) -> tuple[Guard, list[int]]:
+    """The guard, and the steps it will have judged through step_async."""
+    calls: list[int] = []
+    step_async = guard.step_async
+
+    def recorded(step, *args, **kwargs):
+        calls.append(step)
+        return step_async(step, *args, **kwargs)
+
+    guard.step_async = recorded  # type: ignore[method-assign]
+    return guard, calls
+
+
+def test_device_path_skips_the_same_updates_bitwise(guarded: Run, tmp_path: Path) -> None:
+    """Judged on the device and masked there (AdamW with weight decay: the where-restored
+    snapshot), decisions read back a step later: the same skips, findings, checkpoints and
+    bitwise the same weights and moments as the host path."""
+    guard, calls = judged_on_device(Guard(run_dir=tmp_path, config=DEVICE))
+    run = train(tmp_path, guard=guard, snapshots=True)
+    assert calls == list(range(STEPS))  # every step went through step_async
+    assert run.actions() == guarded.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "skip")]
+    codes = [(f["code"], f["step"]) for f in run.rows("finding")]
+    assert codes == [(f["code"], f["step"]) for f in guarded.rows("finding")]
+    assert same(run.snaps, guarded.snaps)
+    assert same(run.params, guarded.params)
+    assert same(run.trainer.optimizer.state_dict(), guarded.trainer.optimizer.state_dict())
+    saved = {p.name for p in tmp_path.glob("checkpoint-*")}
+    assert saved == {p.name for p in guarded.out.glob("checkpoint-*")}
+
+
+@pytest.mark.slow  # two Trainer runs; the skip test above keeps the device path by default
+def test_device_path_rolls_back_to_the_same_end(tmp_path: Path) -> None:
+    runs = {}
+    for mode, config in (("host", WARMUP), ("device", DEVICE)):
+        out = tmp_path / mode
+        runs[mode] = train(out, guard=Guard(run_dir=out, config=config, actions=ROLLBACK),
+                           save_steps=8)  # fmt: skip
+    host, device = runs["host"], runs["device"]
+    assert device.actions() == host.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "rollback")]
+    assert [e["to_step"] for e in device.rows("event")] == [24]
+    # The rollback arrived with step 31's call: step 31 was computed, never applied.
+    assert [s for s, _, _ in device.trainer.seen][: SPIKE_STEP + 3] == [*range(SPIKE_STEP + 2), 24]
+    assert same(device.params, host.params)

@@ -278,3 +278,41 @@ def test_layouts_that_cannot_resume_are_refused(tmp_path: Path) -> None:
                         enable_checkpointing=False, enable_progress_bar=False)  # fmt: skip
     with pytest.raises(ConfigError, match="endless"):
         trainer.fit(TinyLM(set(), set()), DataLoader(Tokens(), sampler=sized, batch_size=4))
+
+
+# -- the device path (guards.decide_on="device": what CUDA gets by default) -----------------------
+DEVICE = WARMUP.model_copy(update={"decide_on": "device"})
+
+
+def judged_on_device(guard: Guard) -> tuple[Guard, list[int]]:
+    """The guard, and the steps it will have judged through step_async."""
+    calls: list[int] = []
+    step_async = guard.step_async
+
+    def recorded(step, *args, **kwargs):
+        calls.append(step)
+        return step_async(step, *args, **kwargs)
+
+    guard.step_async = recorded  # type: ignore[method-assign]
+    return guard, calls
+
+
+def test_device_path_skips_the_same_updates_bitwise(guarded: Run, tmp_path: Path) -> None:
+    """Judged on the device and masked there, decisions read back a step later (before each
+    save): the same skips and findings, bitwise the same weights and moments as the host path,
+    and checkpoints whose guard state is the host path's."""
+    guard, calls = judged_on_device(Guard(run_dir=tmp_path, config=DEVICE))
+    run = train(tmp_path, guard=guard, snapshots=True)
+    assert calls == list(range(STEPS))  # every step went through step_async
+    assert run.actions() == guarded.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "skip")]
+    codes = [(f["code"], f["step"]) for f in run.rows("finding")]
+    assert codes == [(f["code"], f["step"]) for f in guarded.rows("finding")]
+    assert same(run.snaps, guarded.snaps)
+    assert same(run.params, guarded.params)
+    for name in ("step-20", "step-40"):
+        a, b = (torch.load(r.out / "ckpt" / name / "checkpoint.ckpt", weights_only=True)
+                for r in (run, guarded))  # fmt: skip
+        assert same(a["state_dict"], b["state_dict"])
+        assert same(a["optimizer_states"], b["optimizer_states"])
+        key = next(k for k in a["callbacks"] if "TrainguardLightningCallback" in k)
+        assert a["callbacks"][key]["guard"] == b["callbacks"][key]["guard"]

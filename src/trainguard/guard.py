@@ -308,6 +308,19 @@ class Guard:
             )
         return decision
 
+    def on_device(self, device: Any) -> bool:
+        """Whether a loop on `device` should call `step_async` (`config.decide_on`): always
+        with "device", on CUDA with "auto" unless the ranks must agree on the metrics through
+        the host (then `step`), never with "host" or a disabled guard."""
+        c = self.config
+        if not c.enabled or c.decide_on == "host":
+            return False
+        if c.decide_on == "device":
+            return True
+        part = self.distributed
+        agrees = part is not None and part.active and part.agree_metrics
+        return getattr(device, "type", str(device)) == "cuda" and not agrees
+
     def _refuse_device_path(self) -> None:
         late = sorted(c for c, a in self.actions.items() if a == "skip" and c not in DEVICE_CODES)
         if late and late != ["R204"]:

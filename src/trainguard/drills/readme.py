@@ -23,6 +23,7 @@ END = "<!-- drill-matrix:end -->"
 _HOST = re.compile(r"\b(rank \d+) \([^()]*\)")  # rank 1 (vm) -> rank 1 (HOST)
 _ELAPSED = re.compile(r"(\(\w+, )\d+(?:\.\d+)?s\)")  # exit 3 (forward, 5.18s)
 _SCORE = re.compile(r"\bscore \d+(?:\.\d+)?")  # a straggler's measured slowness
+_TOOK = re.compile(r"\bin \d+(?:\.\d+)?s\b")  # doctor exit 1 in 18.1s
 
 
 def normalise(markdown: str) -> str:
@@ -30,6 +31,7 @@ def normalise(markdown: str) -> str:
     straggler scores. Everything else (codes, steps, actions, losses) is compared as it is."""
     text = _HOST.sub(r"\1 (HOST)", markdown)
     text = _ELAPSED.sub(r"\1Ts)", text)
+    text = _TOOK.sub("in Ts", text)
     return _SCORE.sub("score S", text)
 
 

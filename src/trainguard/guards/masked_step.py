@@ -59,54 +59,100 @@ class HostRepair:
 def masked_step(optimizer: Any, ok: torch.Tensor) -> HostRepair:
     """`optimizer.step()`, its effect kept where `ok` (a 0-dim bool tensor) is true. Never reads
     `ok` on the host; returns what the host must undo if `ok` turns out false."""
-    repair = HostRepair()
-    parts = getattr(optimizer, "optimizers", None)  # OptimizerSet (train/optim.py) and alike
+    mask = MaskedUpdate(optimizer, ok)
+    try:
+        optimizer.step()
+    finally:
+        repair = mask.end()
+    return repair
+
+
+def _torch_optimizers(optimizer: Any) -> list[Any]:
+    """The torch optimizers inside `optimizer`: an OptimizerSet's parts (train/optim.py), a
+    framework's wrapper's `.optimizer` (accelerate, Lightning), or itself."""
+    parts = getattr(optimizer, "optimizers", None)
     if isinstance(parts, dict):
-        for opt in parts.values():
-            repair.extend(masked_step(opt, ok))
-        return repair
+        return [o for part in parts.values() for o in _torch_optimizers(part)]
+    for attr in ("optimizer", "_optimizer"):  # accelerate's and Lightning's wrappers
+        inner = getattr(optimizer, attr, None)
+        if inner is not None and hasattr(inner, "param_groups") and inner is not optimizer:
+            return _torch_optimizers(inner)
+    return [optimizer]
+
+
+def _skips_by_found_inf(optimizer: Any) -> bool:
     # torch sets _step_supports_amp_scaling when built fused; a state dict loaded later may
     # have turned `fused` off in the groups (a CPU checkpoint resumed on CUDA): then not.
     fused = getattr(optimizer, "_step_supports_amp_scaling", False) and all(
         g.get("fused") for g in optimizer.param_groups
     )
-    if fused or getattr(optimizer, "_step_supports_found_inf", False):
-        optimizer.found_inf = (~ok).to(torch.float32)  # GradScaler's convention: 1 = skip
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.found_inf
+    return bool(fused or getattr(optimizer, "_step_supports_found_inf", False))
+
+
+class MaskedUpdate:
+    """Masks the next `optimizer.step()`, whoever calls it: built before the step (the mask
+    set, the snapshots taken), `end()` after it (the mask removed, the snapshots selected back).
+    For loops that do not call the optimizer themselves (the Trainer adapters)."""
+
+    def __init__(self, optimizer: Any, ok: torch.Tensor) -> None:
+        self.ok = ok
+        self._flagged: list[Any] = []
+        self._snapshots: list[_Snapshot] = []
+        for opt in _torch_optimizers(optimizer):
+            if _skips_by_found_inf(opt):
+                opt.found_inf = (~ok).to(torch.float32)  # GradScaler's convention: 1 = skip
+                self._flagged.append(opt)
+            else:
+                self._snapshots.append(_Snapshot(opt))
+
+    def end(self) -> HostRepair:
+        """After the step: what the host must undo if `ok` turns out false."""
+        repair = HostRepair()
+        for opt in self._flagged:
+            if hasattr(opt, "found_inf"):
+                del opt.found_inf
+        self._flagged = []
+        for snap in self._snapshots:
+            repair.extend(snap.select(self.ok))
+        self._snapshots = []
         return repair
-    return _snapshot_step(optimizer, ok)
 
 
-@torch.no_grad()
-def _snapshot_step(optimizer: Any, ok: torch.Tensor) -> HostRepair:
-    repair = HostRepair()
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    state = optimizer.state
-    had_state = {id(p) for p in params if p in state}
-    saved_params = [(p, p.detach().clone()) for p in params]
-    saved_state: list[tuple[dict[str, Any], str, Any]] = []
-    for p in params:
-        if id(p) not in had_state:
-            continue
-        for key, value in state[p].items():
-            saved_state.append(
-                (state[p], key, value.clone() if isinstance(value, torch.Tensor) else value)
-            )
-    optimizer.step()
-    for p, old in saved_params:
-        if p.device == ok.device:
-            p.copy_(torch.where(ok, p, old))
-        else:
-            repair.tensors.append((p, old))
-    for st, key, old in saved_state:
-        new = st.get(key)
-        on_device = isinstance(new, torch.Tensor) and new.device == ok.device
-        if on_device and isinstance(old, torch.Tensor) and new.shape == old.shape:
-            new.copy_(torch.where(ok, new, old))  # in place, even if the step replaced it
-        else:
-            repair.state.append((st, key, old))
-    repair.created = [(state, p) for p in params if id(p) not in had_state and p in state]
-    return repair
+class _Snapshot:
+    """An optimizer's parameters (with gradients) and their state, copied before its step."""
+
+    @torch.no_grad()
+    def __init__(self, optimizer: Any) -> None:
+        self.state = optimizer.state
+        self.params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        self.had_state = {id(p) for p in self.params if p in self.state}
+        self.saved_params = [(p, p.detach().clone()) for p in self.params]
+        self.saved_state: list[tuple[dict[str, Any], str, Any]] = []
+        for p in self.params:
+            if id(p) not in self.had_state:
+                continue
+            for key, value in self.state[p].items():
+                kept = value.clone() if isinstance(value, torch.Tensor) else value
+                self.saved_state.append((self.state[p], key, kept))
+
+    @torch.no_grad()
+    def select(self, ok: torch.Tensor) -> HostRepair:
+        """After the step: the new values where `ok`, the old ones elsewhere, on the device;
+        what is not on `ok`'s device is left to the host (the returned repair)."""
+        repair = HostRepair()
+        for p, old in self.saved_params:
+            if p.device == ok.device:
+                p.copy_(torch.where(ok, p, old))
+            else:
+                repair.tensors.append((p, old))
+        for st, key, old in self.saved_state:
+            new = st.get(key)
+            on_device = isinstance(new, torch.Tensor) and new.device == ok.device
+            if on_device and isinstance(old, torch.Tensor) and new.shape == old.shape:
+                new.copy_(torch.where(ok, new, old))  # in place, even if the step replaced it
+            else:
+                repair.state.append((st, key, old))
+        repair.created = [
+            (self.state, p) for p in self.params if id(p) not in self.had_state and p in self.state
+        ]
+        return repair

@@ -35,6 +35,13 @@ default guard is `Guard(distributed=True)`: the step's metrics are averaged over
 every rank decides alike, phases are timed (stragglers, H202), replicas are compared before each
 save (H201), and a hung rank is named (R301). DeepSpeed and FSDP keep gradients elsewhere and
 are not supported.
+
+On CUDA (`GuardsConfig.decide_on`, "auto"), one process, no fp16 GradScaler: the step is judged
+with `Guard.step_async`, no host sync: the skip is decided on the device and the Trainer's own
+`optimizer.step()` is masked there (`guards.masked_step.MaskedUpdate`: fused AdamW through
+`found_inf`, other optimizers by a snapshot selected back); the decision is read back with the
+next step, or before a save, an evaluation or the end. A rollback or halt decided a step late
+stops the Trainer before the next update, as above.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from trainguard.data.sampler import ElasticSampler
 from trainguard.errors import BadInputError, ConfigError, CorruptError
 from trainguard.guard import Decision, Guard, grad_norm_of
+from trainguard.guards.device import PendingStep
+from trainguard.guards.masked_step import MaskedUpdate
 from trainguard.integrations.hf_checkpoints import (
     PREFIX,
     TrainerCheckpoints,
@@ -92,6 +101,7 @@ class GuardedTrainerMixin:
         self.checkpoint_findings: list[Any] = []  # checkpoints passed over on resume/rollback
         self.stop_decision: Decision | None = None  # the rollback or halt that stopped train()
         self._step_loss: Any = None
+        self._masked: tuple[PendingStep, MaskedUpdate] | None = None  # the device path's
         self.add_callback(TrainguardCallback(self))  # type: ignore[attr-defined]
 
     # --- data ---------------------------------------------------------------------------------
@@ -144,14 +154,43 @@ class GuardedTrainerMixin:
 
     def _judge(self, model: Any, step: int) -> None:
         loss, self._step_loss = self._step_loss, None
-        norm = grad_norm_of(model)  # before the Trainer clips
         scaler = getattr(self.accelerator, "scaler", None)
-        if scaler is not None and scaler.is_enabled():  # fp16: the gradients are still scaled
-            norm /= float(scaler.get_scale())
-        decision = self.guard.step(step, loss=loss, grad_norm=norm, optimizer=self.optimizer)
-        self._stop_on(decision)
+        scaled = scaler is not None and scaler.is_enabled()
+        # fp16's GradScaler sets the optimizer's found_inf itself: the host path then.
+        if not scaled and self.guard.on_device(self.args.device):
+            self._judge_on_device(model, step, loss)
+        else:
+            norm = grad_norm_of(model)  # before the Trainer clips
+            if scaled:  # fp16: the gradients are still scaled
+                norm /= float(scaler.get_scale())
+            decision = self.guard.step(step, loss=loss, grad_norm=norm, optimizer=self.optimizer)
+            self._stop_on(decision)
         if self.guard.distributed is not None:
             self.guard.distributed.mark("optimizer")
+
+    def _judge_on_device(self, model: Any, step: int, loss: Any) -> None:
+        """`Guard.step_async`: this step judged on the device and its update masked there (the
+        Trainer's own `optimizer.step()` comes next; `on_step_end` ends the mask), the previous
+        step's decision acted on."""
+        pending = self.guard.step_async(step, loss=loss, model=model)  # the unclipped norm
+        if pending.resolved is not None:
+            self._stop_on(pending.resolved)
+        if pending.dropped:  # the previous step stops the run: no update for this one
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self._masked = (pending, MaskedUpdate(self.optimizer, pending.ok))
+
+    def _settle(self, flush: bool) -> None:
+        """After the Trainer's optimizer step: end the mask; with `flush`, read the step's
+        decision back now (before a save, an evaluation or the end)."""
+        if self._masked is not None:
+            pending, mask = self._masked
+            self._masked = None
+            pending.repair = mask.end()
+        if flush:
+            decision = self.guard.flush()
+            if decision is not None and self.stop_decision is None:
+                self._stop_on(decision)
 
     def _stop_on(self, decision: Decision) -> None:
         if decision.action in ("rollback", "halt"):
@@ -169,7 +208,7 @@ class GuardedTrainerMixin:
         state = {"guard": self.guard, "sampler": sampler}
         resume = self._resume_folder(resume_from_checkpoint, state)
         while True:
-            self.stop_decision, self._step_loss = None, None
+            self.stop_decision, self._step_loss, self._masked = None, None, None
             output = super().train(resume_from_checkpoint=resume, **kwargs)  # type: ignore[misc]
             stop = self.stop_decision
             if stop is None:
@@ -254,6 +293,8 @@ class TrainguardCallback(TrainerCallback):
         t = self.trainer
         assert t is not None
         done = state.global_step - 1  # the update just applied (or skipped)
+        due = control.should_save or control.should_evaluate or control.should_training_stop
+        t._settle(flush=due)  # the device path: the step's decision before a save or the end
         if t.stop_decision is None:
             end = t.guard.end_step(
                 done, kwargs.get("model"), t.optimizer, checkpoint_due=control.should_save
@@ -262,8 +303,14 @@ class TrainguardCallback(TrainerCallback):
             if t.guard.distributed is not None:
                 t.guard.distributed.mark("data")
         if t.stop_decision is not None:
+            t._settle(flush=True)  # nothing stays pending across a rollback or a halt
             control.should_save = False  # never save a state a rollback is about to undo
             control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.trainer is not None:  # a step still pending (the device path) is settled
+            self.trainer._settle(flush=True)
         return control
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -28,6 +28,11 @@ the restored step (Lightning cannot fast-forward a plain DataLoader). Under DDP 
 `rank=trainer.global_rank, world_size=trainer.world_size` and pass
 `Trainer(use_distributed_sampler=False)`; `Guard(distributed=True)` adds the replica, straggler
 and hung-rank guards. Automatic optimization only.
+
+On CUDA (`GuardsConfig.decide_on`, "auto"; not with fp16's GradScaler or metrics averaged over
+ranks): `Guard.step_async`, no host sync: the skip is decided on the device and Lightning's
+optimizer step is masked there (`guards.masked_step.MaskedUpdate`); the decision is read back
+with the next step, or before `VerifiedModelCheckpoint` saves and at the end.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from trainguard.checkpoint.manifest import MANIFEST
 from trainguard.data.sampler import ElasticSampler
 from trainguard.errors import ConfigError, RunHalted
 from trainguard.guard import Decision, Guard, grad_norm_of
+from trainguard.guards.device import PendingStep
+from trainguard.guards.masked_step import MaskedUpdate
 from trainguard.integrations.verified import (
     Verified,
     commit_folder,
@@ -87,6 +94,8 @@ class TrainguardLightningCallback(Callback):
         self.stop_decision: Decision | None = None  # the rollback or halt that stopped fit
         self._step_loss: Any = None
         self._judged: int | None = None  # the step scored, until its update is done
+        self._masked: tuple[PendingStep, MaskedUpdate] | None = None  # the device path's
+        self._trainer: Any = None
         self._restored_step = 0
 
     # --- the guarded step ---------------------------------------------------------------------
@@ -108,6 +117,7 @@ class TrainguardLightningCallback(Callback):
                 "ElasticSampler(..., max_steps=None) and L.Trainer(max_steps=N)",
             )
         self.stop_decision, self._step_loss, self._judged = None, None, None
+        self._masked = None
         self.sampler.set_step(0)  # a fresh fit; a restored checkpoint moves it (load_state_dict)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
@@ -120,11 +130,24 @@ class TrainguardLightningCallback(Callback):
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         step = trainer.global_step  # updates done before this one
         loss, self._step_loss = self._step_loss, None
-        decision = self.guard.step(
-            step, loss=loss, grad_norm=grad_norm_of(pl_module), optimizer=optimizer
-        )  # before Lightning clips: the unclipped norm
-        self._judged = step
-        self._stop_on(decision, trainer)
+        self._judged, self._trainer = step, trainer
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        # fp16's GradScaler sets the optimizer's found_inf itself: the host path then.
+        if (scaler is None or not scaler.is_enabled()) and self.guard.on_device(pl_module.device):
+            # Judged on the device, the update masked there (Lightning steps next), the
+            # previous step's decision acted on; before Lightning clips: the unclipped norm.
+            pending = self.guard.step_async(step, loss=loss, model=pl_module)
+            if pending.resolved is not None:
+                self._stop_on(pending.resolved, trainer)
+            if pending.dropped:  # the previous step stops the run: no update for this one
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                self._masked = (pending, MaskedUpdate(optimizer, pending.ok))
+        else:
+            decision = self.guard.step(
+                step, loss=loss, grad_norm=grad_norm_of(pl_module), optimizer=optimizer
+            )  # before Lightning clips: the unclipped norm
+            self._stop_on(decision, trainer)
         if self.guard.distributed is not None:
             self.guard.distributed.mark("optimizer")
 
@@ -134,14 +157,32 @@ class TrainguardLightningCallback(Callback):
         if self._judged is None:  # an accumulation micro-batch: no update yet
             return
         step, self._judged = self._judged, None
+        due = any(
+            c.due(trainer) for c in trainer.callbacks if isinstance(c, VerifiedModelCheckpoint)
+        )
+        self.settle(trainer, flush=due or trainer.global_step >= trainer.max_steps)
         if self.stop_decision is None:
-            due = any(
-                c.due(trainer) for c in trainer.callbacks if isinstance(c, VerifiedModelCheckpoint)
-            )
             end = self.guard.end_step(step, pl_module, trainer.optimizers[0], checkpoint_due=due)
             self._stop_on(end, trainer)
+        if self.stop_decision is not None:
+            self.settle(trainer, flush=True)  # nothing stays pending across a rollback or halt
         if self.guard.distributed is not None:
             self.guard.distributed.mark("data")
+
+    def settle(self, trainer: Any, flush: bool = True) -> None:
+        """The device path, after Lightning's optimizer step: end the mask; with `flush`, read
+        the pending step's decision back now (before a save, or at the end)."""
+        if self._masked is not None:
+            pending, mask = self._masked
+            self._masked = None
+            pending.repair = mask.end()
+        if flush:
+            decision = self.guard.flush()
+            if decision is not None and self.stop_decision is None:
+                self._stop_on(decision, trainer)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.settle(trainer)
 
     def _stop_on(self, decision: Decision, trainer: Any) -> None:
         if decision.action in ("rollback", "halt"):
@@ -150,6 +191,8 @@ class TrainguardLightningCallback(Callback):
 
     # --- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        if self._trainer is not None:  # a save outside the companion's: settle first
+            self.settle(self._trainer)
         return {
             "version": 1,
             "guard": self.guard.state_dict(),
@@ -196,11 +239,10 @@ class VerifiedModelCheckpoint(ModelCheckpoint):
         return n >= 1 and trainer.global_step % n == 0
 
     def _should_skip_saving_checkpoint(self, trainer: Any) -> bool:
-        stopping = any(
-            getattr(c, "stop_decision", None) is not None
-            for c in trainer.callbacks
-            if isinstance(c, TrainguardLightningCallback)
-        )
+        guards = [c for c in trainer.callbacks if isinstance(c, TrainguardLightningCallback)]
+        for c in guards:  # the device path: the step's decision is read back before a save
+            c.settle(trainer)
+        stopping = any(c.stop_decision is not None for c in guards)
         return stopping or super()._should_skip_saving_checkpoint(trainer)
 
     def _save_checkpoint(self, trainer: Any, filepath: str) -> None:

@@ -301,7 +301,7 @@ class RunSession:
         self.evals.maybe_run(self.state.step)  # the baseline before the first step
         tokens_per_step = self.trainer.global_batch * r.data.seq_len
         positions = StepPositions()
-        lagged = DeviceSteps(self) if self.decides_on_device() else None
+        lagged = DeviceSteps(self) if self.guard.on_device(self.device) else None
         self.multi.arm_sigterm_dump()
         try:
             if self.state.step == 0:
@@ -394,13 +394,6 @@ class RunSession:
                 self.watchdog.stop()
             self.multi.disarm_sigterm_dump()
             self.display.close()
-
-    def decides_on_device(self) -> bool:
-        """guards.decide_on: the device path on CUDA unless the recipe says otherwise."""
-        g = self.recipe.guards
-        if not g.enabled or g.decide_on == "host":
-            return False
-        return g.decide_on == "device" or self.device.type == "cuda"
 
     @staticmethod
     def step_row(
