@@ -38,22 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from machine import describe  # noqa: E402
 from torch import nn  # noqa: E402
-
-
-def cpu_info() -> str:
-    model, flags = "unknown", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown":
-                model = value.strip()
-            if key.strip() == "flags" and not flags:
-                wanted = ("avx", "avx2", "avx512f", "sse4_2", "fma", "aes", "sha_ni")
-                flags = " ".join(f for f in value.split() if f in wanted)
-    except OSError:
-        pass
-    return f"{model}; {os.cpu_count()} cores; flags: {flags}"
 
 
 def model_of(mb: int) -> nn.Module:
@@ -264,7 +250,7 @@ def main() -> None:
 
     base = Path(tempfile.mkdtemp(prefix="bench-checkpointer-"))
     print(f"command: python benchmarks/bench_checkpointer.py {' '.join(sys.argv[1:])}")
-    print(f"cpu: {cpu_info()}")
+    print(describe())
     print(f"torch {torch.__version__}; state: {args.mb} MiB weights + AdamW moments, 2 ranks\n")
     try:
         r = spawn(sharded_entry, 2, str(base / "sharded"), args.mb, args.rounds)

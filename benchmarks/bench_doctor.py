@@ -20,39 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-import torch
+from machine import describe
 
-FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 EXPECTED = {"bitflip/r1": "H401", "slow/r1": "H403", "bad-allreduce/r1": "H410", "hang/r1": "H412"}
-
-
-def machine() -> dict:
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {
-        "cpu": model,
-        "flags": [f for f in FLAGS if f in flags],
-        "cores": len(os.sched_getaffinity(0)),
-        "load": os.getloadavg()[0],
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
 
 
 def doctor(*args: str, cwd: str) -> tuple[float, int, dict]:
@@ -75,9 +51,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--markdown", help="also write the results as markdown here")
     args = parser.parse_args()
-    info = machine()
-    print(f"machine: {info['cpu']}; flags {', '.join(info['flags']) or 'none of ' + str(FLAGS)}")
-    print(f"         {info['cores']} cores, load {info['load']:.1f}, torch {info['torch']}")
+    machine = describe()
+    print(machine)
     with tempfile.TemporaryDirectory(prefix="bench-doctor-") as cwd:
         quick, full = [], []
         for i in range(args.repeats):
@@ -101,8 +76,7 @@ def main() -> None:
             f"{r['inject']:>18}: named {named} ({'ok' if ok else 'MISSED'}) in {r['seconds']:.1f}s"
         )
     lines = [
-        f"Machine: {info['cpu']} ({', '.join(info['flags'])}), {info['cores']} cores, load "
-        f"average {info['load']:.1f} at the start, torch {info['torch']}, Python {info['python']}.",
+        f"Machine: {machine} (at the start).",
         "",
         "| run | wall time (median of runs) | runs | target |",
         "|---|---|---|---|",

@@ -35,6 +35,8 @@ BENCHMARKS: dict[str, list[str]] = {
     ],
     "bench_check_model": ["--repeats", "1", "--threads", "1"],
     "bench_checkpoint": ["--mb", "8", "--s3-mb", "2", "--repeats", "3"],
+    "bench_checkpointer": ["--mb", "4", "--rounds", "2", "--no-storm"],
+    "bench_doctor": ["--repeats", "1"],
     "bench_scaling": ["--runs", "12", "--boot", "20", "--repeats", "1"],
     "bench_evals": ["--examples", "20", "--repeats", "1"],
     "bench_dedup": ["--docs", "500", "--repeats", "1"],

@@ -25,7 +25,7 @@ pytest.importorskip("moto")
 import s3fs  # noqa: E402
 
 from runhelpers import forge_manifest  # noqa: E402
-from s3_server import make_bucket, s3_server, storage_options  # noqa: E402
+from s3_server import Traffic, make_bucket, s3_server, storage_options  # noqa: E402
 from trainguard.checkpoint import CheckpointStore, RetryPolicy  # noqa: E402
 from trainguard.errors import BadInputError, StorageError  # noqa: E402
 from trainguard.util.hashing import bytes_checksum  # noqa: E402
@@ -385,3 +385,27 @@ def test_a_store_that_does_not_answer_is_a_storage_error_before_any_work(tmp_pat
     with pytest.raises(StorageError, match=f"cannot list the checkpoint store {url}") as e:
         probe_store(SharedStore(store, dist=None), url)
     assert exit_status_for(e.value) == 2 and "trainguard doctor" in e.value.fix
+
+
+def test_every_retry_is_ours_and_counted_on_a_throttled_store(tmp_path: Path) -> None:
+    """The store `trainguard run` writes through (`checkpoint.dir` = an s3:// URL, its
+    `storage_options`): s3fs (5 tries) and botocore (4 retries of a 503) retry nothing
+    underneath, so the server sees exactly our attempts and C203 counts every one of them.
+    With the client's retries on, one failing PUT would reach the server up to 25 times."""
+    traffic = Traffic(fail_every=2, fail_methods=("PUT",))  # every 2nd object PUT: 503
+    policy = RetryPolicy(attempts=3, seed=1, **FAST)
+    with s3_server(traffic) as endpoint:
+        make_bucket(endpoint, "ckpt")
+        options = storage_options(endpoint)
+        store = CheckpointStore("s3://ckpt/run", cache_dir=str(tmp_path / "a"),
+                                storage_options=options, retry=policy)  # fmt: skip
+        traffic.reset()
+        info = store.save(1, payload(1))
+        counted = sum(f.data["retries"] for f in info.findings if f.code == "C203")
+        assert traffic.slowdowns > 0 and counted == traffic.slowdowns
+
+        traffic.fail_every = 1  # every PUT fails: our 3 attempts, then the error
+        traffic.reset()
+        with pytest.raises(StorageError, match="C201"):
+            store.save(2, payload(2))
+        assert traffic.slowdowns == policy.attempts  # the first file's attempts, no more
