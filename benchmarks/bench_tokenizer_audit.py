@@ -32,6 +32,14 @@ from trainguard.checks.tokenizer_vocab import read_vocab
 from trainguard.data.corpus import iter_documents
 from trainguard.data.tokenizer import save_tokenizer, train_tokenizer
 
+READING = (
+    "Reading: the corpus part is the tokenizer's own encoding and decoding of the sample, the "
+    "same work in both columns; trainguard asks for no character offsets (`encode_batch_fast`), "
+    "batches the calls (parallel where cores are free) and runs them in a second thread beside the "
+    "vocabulary audit, whose per-token encode is as fast as the plain loop's (a batched encode of "
+    "50k short strings was no faster here). The vocabulary audit itself costs about the loop."
+)
+
 
 def corpus_texts(max_bytes: int) -> list[str]:
     texts, total = [], 0
@@ -165,6 +173,8 @@ def main() -> None:
         f"whitespace+punctuation {stats['whitespace_punct_fused']}, unseen in the sample "
         f"{stats.get('unseen_merged', '-')}, "
         f"round-trip failures {stats.get('round_trip_failures')}.",
+        "",
+        READING,
     ]
     text = "\n".join(lines) + "\n"
     print(text)

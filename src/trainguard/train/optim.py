@@ -11,7 +11,7 @@ Why not `torch.optim.Muon`: it runs Newton-Schulz in bfloat16, which lands about
 has no Muon at all; and the guard's device path skips an update of this Muon through
 `found_inf` on the device (guards/masked_step.py). Speed is no reason either way: it depends on
 the CPU. On an AMD EPYC with avx512_bf16 (bf16 dot-product units), torch's step over the
-default model's matrices took 0.6x the time of this one's (77 ms vs 130 ms, one thread;
+default model's matrices took 0.6x the time of this one's (37 ms vs 59 ms, one thread;
 `python benchmarks/bench_optimizer.py --configs ""`, docs/benchmarks.md quotes each figure with
 its CPU); an earlier "22x slower" came from a machine whose CPU was not recorded. `Muon`
 below follows torch's update rule (EMA momentum, Nesterov, shape-adjusted lr, decoupled weight
