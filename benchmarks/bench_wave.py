@@ -19,14 +19,13 @@ detector's time per `update` on a clean curve.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from machine import describe
 
 from trainguard.monitors import synthetic as S
 from trainguard.monitors.oscillation import OscillationDetector
@@ -113,28 +112,13 @@ def cost(n: int = 10000, repeats: int = 5) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def cpu() -> str:
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and ":" in line:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and ":" in line:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    shown = [f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f") if f in flags]
-    return f"{model}, {os.cpu_count()} cores, CPU flags: {' '.join(shown) or 'n/a'}"
-
-
 def markdown(det: dict, amp: dict, fa: dict, costs: dict, seeds: int, command: str) -> str:
     lines = [
         "## Faint waves in the loss (R105)",
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {cpu()}; Python {platform.python_version()}, numpy {np.__version__}, load "
-        f"average {os.getloadavg()[0]:.1f} at the end.",
+        f"Machine (at the end): {describe()}; numpy {np.__version__}.",
         "",
         f"Detection of a 0.5% wave (period 30-100 steps, 2% noise), {seeds} seeds per length; "
         "a detection is an R105 naming the period within 10%:",
@@ -189,6 +173,7 @@ def markdown(det: dict, amp: dict, fa: dict, costs: dict, seeds: int, command: s
 
 
 def main() -> None:
+    print(describe(), flush=True)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--write", type=Path, default=None)
