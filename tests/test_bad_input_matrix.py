@@ -127,6 +127,12 @@ ROWS = [
         *("run", "{tiny}", "--run-dir", "{out}/r", "--set", "reference.path={ref_other}"),
         says=("another recipe", "train.lr", "--force"),
     ),
+    row(  # checked before any process starts
+        "run-nproc-reference-of-another-recipe",
+        *("run", "{tiny}", "--nproc", "2", "--run-dir", "{out}/r"),
+        *("--set", "reference.path={ref_other}"),
+        says=("another recipe", "train.lr", "--force"),
+    ),
     row(
         "run-reference-missing",
         *("run", "{tiny}", "--run-dir", "{out}/r", "--set", "reference.path={out}/none.json"),

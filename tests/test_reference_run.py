@@ -1,7 +1,7 @@
 """Reference curves in real runs: `trainguard reference record` and its refusals, and runs of the
 tiny recipe compared with the recorded reference: a clean rerun (bitwise equal, operational keys
-changed), another thread count (the band), planted changes (an attention scale, a tokenizer
-merge, a schedule stepped twice under another torch: caught), another recipe's reference
+changed), another thread count (the band), planted changes (an attention scale, an initialisation, a
+tokenizer merge, a schedule stepped twice under another torch: caught), another recipe's reference
 (refused; --force), a truncated reference, and the comparison's state across a kill and
 resume."""
 
@@ -142,7 +142,9 @@ def test_another_thread_count_stays_in_the_band(
     assert summary["compared"] == 12 and summary["band_departure"] is None
 
 
-def test_planted_attention_scale_is_caught_with_the_revision_that_changed(
+@pytest.mark.parametrize("plant", ["attention_scale", "init_unscaled"])
+def test_planted_model_change_is_caught_with_the_revision_that_changed(
+    plant: str,
     reference_file: Path,
     small_corpus: Path,
     cache_dir: Path,
@@ -150,8 +152,11 @@ def test_planted_attention_scale_is_caught_with_the_revision_that_changed(
     torch_globals,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(gpt, "F", gpt.F)  # undone after the test
-    planted.attention_scale()
+    """Attention logits scaled by 1/d, or residual projections initialised without GPT-2's
+    1/sqrt(2 n_layers): step 1 already departs bitwise."""
+    monkeypatch.setattr(gpt, "F", gpt.F)  # both undone after the test
+    monkeypatch.setattr(gpt.GPT, "__init__", gpt.GPT.__init__)
+    planted.PLANTS[plant]()
     # The code change came with a new revision of the checkout: H101 names it.
     env = {**environment_fingerprint(), "git_revision": "f" * 40}
     monkeypatch.setattr(run_module, "environment_fingerprint", lambda: dict(env))
