@@ -138,6 +138,24 @@ ROWS = [
         *("run", "{tiny}", "--run-dir", "{out}/r", "--set", "reference.path={out}/none.json"),
         says=NOT_EXIST,
     ),
+    # --- batch ------------------------------------------------------------------------------
+    row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
+    row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),
+    row("batch-recipe-not-utf8", "batch", "{run_bad_recipe}", "--step", "1", says=("UTF-8",)),
+    *[
+        row(f"batch-step-{n}", "batch", "{run_ok}", "--step", n, says=("out of range", "1 and 5"))
+        for n in ("0", "9")
+    ],
+    row(
+        "batch-no-data",
+        *("batch", "{run_no_data}", "--step", "2"),
+        says=("no prepared data", "trainguard data prepare"),
+    ),
+    row(
+        "batch-html-inside-run-dir",
+        *("batch", "{run_ok}", "--step", "2", "--html", "{run_ok}/b.html"),
+        says=("inside the input folder",),
+    ),
     # --- reference record -----------------------------------------------------------------
     *[
         row(f"reference-record-{name}", "reference", "record", run, "--out", out, **kw)
@@ -803,6 +821,12 @@ class Workspace:
             run.mkdir()
             _write(run / "metrics.jsonl", metrics)
             _write(run / "recipe.yaml", yaml.safe_dump(recipe))
+        # A run whose prepared data is gone: its cache folder was never filled.
+        no_data = {**recipe, "data": {**recipe["data"], "cache_dir": str(root / "no-cache")}}
+        p["run_no_data"] = root / "run-no-data"
+        p["run_no_data"].mkdir()
+        _write(p["run_no_data"] / "metrics.jsonl", metrics)
+        _write(p["run_no_data"] / "recipe.yaml", yaml.safe_dump(no_data))
         (p["run_html_dir"] / "report.html").mkdir()
         # A finished run (8 steps, no checkpoint) to record, and references to run against.
         run = p["finished_run"] = root / "finished-run"

@@ -22,6 +22,7 @@ from trainguard.checkpoint.target import run_checkpoint_root
 from trainguard.errors import BadInputError
 from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
 from trainguard.report import plots
+from trainguard.report.batch import BATCH_CODES, batch_command
 from trainguard.train.rundir import read_run_recipe
 from trainguard.util.atomic import atomic_paths
 
@@ -157,6 +158,14 @@ def _use_case(info: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _batch_link(run_dir: Path, finding: dict[str, Any]) -> str:
+    """The command that shows the batch behind a guard finding (R101-R103, R206); else ""."""
+    step = finding.get("step")
+    if finding.get("code") in BATCH_CODES and isinstance(step, int) and step >= 1:
+        return batch_command(run_dir, step)
+    return ""
+
+
 def render_html(info: dict[str, Any]) -> str:
     steps, evals = info["steps"], info["evals"]
     training_plots = []
@@ -177,6 +186,7 @@ def render_html(info: dict[str, Any]) -> str:
             "step": f.get("step"),
             "message": f.get("message"),
             "fix": f.get("fix") or "",
+            "batch": _batch_link(info["run_dir"], f),
         }
         for f in info["findings"]
     ]
@@ -212,7 +222,9 @@ def render_markdown(info: dict[str, Any]) -> str:
         lines.append("No findings.")
     for f in info["findings"]:
         at = f" (step {f['step']})" if f.get("step") is not None else ""
-        lines.append(f"- **{f.get('code')}** {f.get('severity')}{at}: {f.get('message')}")
+        link = _batch_link(info["run_dir"], f)
+        batch = f" (batch: `{link}`)" if link else ""
+        lines.append(f"- **{f.get('code')}** {f.get('severity')}{at}: {f.get('message')}{batch}")
     lines += ["", "## Checkpoints", ""]
     lines += [
         (f"- step {c['step']}: " if isinstance(c["step"], int) else f"- {c['step']}: ")
@@ -232,3 +244,8 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
         html_tmp.write_text(html, encoding="utf-8")
         md_tmp.write_text(markdown, encoding="utf-8")
     return html_path, md_path
+
+
+def render_batch_html(view: Any, run_dir: str | Path) -> str:
+    """`trainguard batch --html`: a `report.batch.BatchView` as a page (values escaped)."""
+    return _environment().get_template("batch.html.j2").render(view=view, run_dir=str(run_dir))

@@ -75,11 +75,12 @@ def rollback(session: RunSession, decision: Decision, positions: StepPositions) 
     previous_skips = session.state.skipped_positions
     state, _ = apply_checkpoint(content, loaded.path, session.model, session.optimizer)
     global_batch = session.trainer.global_batch
-    new_skips = [
-        [pos, pos + global_batch]
+    bad_positions = {
+        s: pos
         for s in decision.bad_steps
         if s > loaded.step and (pos := positions.get(s)) is not None
-    ]
+    }
+    new_skips = [[pos, pos + global_batch] for pos in bad_positions.values()]
     state.skipped_positions = sorted({tuple(r) for r in previous_skips + new_skips})
     state.skipped_positions = [list(r) for r in state.skipped_positions]
     session.state = state
@@ -91,6 +92,8 @@ def rollback(session: RunSession, decision: Decision, positions: StepPositions) 
         from_step=decision.step,
         to_step=loaded.step,
         skipped_positions=new_skips,
+        # The batch each bad step read, by step: `trainguard batch --step N` finds it here.
+        bad_positions={str(s): pos for s, pos in bad_positions.items()},
     )
     session.display.message(
         f"rollback: step {decision.step} -> checkpoint {loaded.step}, "

@@ -34,6 +34,8 @@ class StepResult:
     grad_norm: float | torch.Tensor
     batch_hash: str
     ids: np.ndarray
+    position: int = -1
+    """The global position in the elastic order the batch starts at (`trainguard batch`)."""
 
 
 @dataclass
@@ -140,10 +142,10 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         mean_loss = self.world.all_reduce_mean(loss_sum / t.grad_accum)
         if not on_host:
-            return StepResult(mean_loss, grad_norm, batch_hash(ids), ids)
+            return StepResult(mean_loss, grad_norm, batch_hash(ids), ids, position)
         # One deliberate host sync per step: the guards need both numbers.
         stats = torch.stack([mean_loss, grad_norm.to(mean_loss.dtype)]).tolist()
-        return StepResult(loss=stats[0], grad_norm=stats[1], batch_hash=batch_hash(ids), ids=ids)
+        return StepResult(stats[0], stats[1], batch_hash(ids), ids, position)
 
     def apply_update(self, step: int, pending: PendingStep | None = None) -> float:
         """Set step `step`'s (1-based) learning rates and apply the update; with `pending`

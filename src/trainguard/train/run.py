@@ -366,6 +366,7 @@ class RunSession:
                             "lr": lr,
                             "tokens_per_s": tokens_per_step / dt,
                             "batch_hash": out.batch_hash,
+                            "position": out.position,  # the batch of this row: `batch --step`
                             "step_time_s": dt,
                             "time": time.time(),
                             "action": decision.action,
@@ -408,6 +409,7 @@ class RunSession:
             "lr": lr,
             "tokens_per_s": tokens_per_s,
             "batch_hash": out.batch_hash,
+            "position": out.position,
             "step_time_s": time.perf_counter() - t0,
             "time": time.time(),
             "action": None,
