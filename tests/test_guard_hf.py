@@ -7,7 +7,9 @@ are skipped, at their own steps, bitwise (parameters and AdamW moments, with wei
 unguarded (the same trainer, the guard disabled) the weights go NaN. Resume takes the newest
 checkpoint that verifies (corrupt newer ones quarantined) with the guard's windows, and replays
 bitwise; a rollback restores the last checkpoint and never trains on the bad samples again.
-Two DDP processes on gloo agree on every decision and roll back a corrupted replica together.
+Two DDP processes on gloo agree on every decision, roll back a corrupted replica together and
+name a rank that computes much slower (H202); a rank that hangs is named by the other (R301),
+which exits 3 for a restart.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import math
 import multiprocessing
 import os
 import shutil
+import signal
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,6 +302,8 @@ def test_the_callback_alone_in_a_plain_trainer_is_refused(tmp_path: Path) -> Non
 # -- DDP: two gloo processes ---------------------------------------------------------------------
 CTX = multiprocessing.get_context("fork")
 FLIP_AT = 5  # rank 1's weights get one bit flipped after this update
+SLOW_FROM = 7  # rank 1 computes much slower from this step on (after the rollback to 4)
+HANG_AT = 6  # in the hung-rank test, rank 1 never finishes this step's forward
 
 
 def _free_port() -> int:
@@ -306,10 +312,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:  # busy CPU time: a slow chip, not an idle one
+        pass
+
+
 class Flipping(Poisoned):
-    """Rank 1 corrupts one weight once, after the update of step FLIP_AT (silent corruption)."""
+    """Rank 1 corrupts one weight once, after the update of step FLIP_AT (silent corruption),
+    and is a slow rank from step `slow_from` on: 0.3 s of busy CPU time in every forward, over
+    ten times a step of this model, so the straggler stays plain on a loaded machine. With
+    `hang_at`, it never finishes that step's forward."""
 
     flipped = False
+    slow_from: int | None = SLOW_FROM
+    hang_at: int | None = None
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         mine = self.args.process_index == 1 and not self.flipped
@@ -320,8 +337,16 @@ class Flipping(Poisoned):
             self.flipped = True
         return super().training_step(model, inputs, num_items_in_batch)
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        step = self.state.global_step  # inside GuardedTrainer's timed forward phase
+        if self.args.process_index == 1 and step == self.hang_at:
+            time.sleep(300)  # hung: the test stops this rank with SIGTERM, as a launcher would
+        if self.args.process_index == 1 and self.slow_from is not None and step >= self.slow_from:
+            _burn(0.3)
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
-def _ddp_worker(rank: int, tmp: Path, port: int) -> None:
+
+def _ddp_worker(rank: int, tmp: Path, port: int, hang_at: int | None = None) -> None:
     env = {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": 2, "LOCAL_WORLD_SIZE": 2,
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
     os.environ.update({k: str(v) for k, v in env.items()})
@@ -333,9 +358,11 @@ def _ddp_worker(rank: int, tmp: Path, port: int) -> None:
         remove_unused_columns=False, ddp_backend="gloo", ddp_find_unused_parameters=False,
     )  # fmt: skip
     assert args.world_size == 2  # sets up the process group the guard's part needs
+    # Timings gathered every 2 steps; with hang_at, short timeouts so the hang is named soon.
+    hang = {"collective_timeout_s": 5, "hang_timeout_s": 5} if hang_at is not None else {}
     guard = Guard(
         run_dir=tmp / f"rank{rank}", config=WARMUP,
-        distributed=DistributedConfig(replica_check_interval=2, straggler_interval=0),
+        distributed=DistributedConfig(replica_check_interval=2, straggler_interval=2, **hang),
     )  # fmt: skip
     torch.manual_seed(0)
     config = transformers.GPT2Config(
@@ -345,6 +372,8 @@ def _ddp_worker(rank: int, tmp: Path, port: int) -> None:
     trainer = Flipping(
         model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(), guard=guard
     )
+    if hang_at is not None:
+        trainer.slow_from, trainer.hang_at = None, hang_at
     trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     sampler = trainer._get_train_sampler()
     # A NaN in rank 1's half of step 2's global batch only: both ranks must skip step 2.
@@ -359,7 +388,14 @@ def _ddp_worker(rank: int, tmp: Path, port: int) -> None:
     torch.distributed.destroy_process_group()
 
 
-def test_ddp_ranks_agree_and_roll_back_a_corrupted_replica(tmp_path: Path) -> None:
+def _guard_rows(tmp: Path, rank: int) -> list[dict]:
+    lines = (tmp / f"rank{rank}" / "guard.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines]
+
+
+def test_ddp_ranks_agree_roll_back_a_corrupted_replica_and_name_a_straggler(
+    tmp_path: Path,
+) -> None:
     port = _free_port()
     procs = [CTX.Process(target=_ddp_worker, args=(r, tmp_path, port)) for r in range(2)]
     for p in procs:
@@ -375,9 +411,38 @@ def test_ddp_ranks_agree_and_roll_back_a_corrupted_replica(tmp_path: Path) -> No
     assert r0["seen"] == r1["seen"] == [*range(7), *range(4, 10)]
     assert r0["weights"] == r1["weights"]  # the replicas agree again
     assert r0["step"] == r1["step"] == 10
-    rows = [json.loads(x) for x in (tmp_path / "rank1" / "guard.jsonl").read_text().splitlines()]
+    rows = _guard_rows(tmp_path, 1)
     (h201,) = [r for r in rows if r.get("code") == "H201"]  # two replicas: no majority
     assert h201["step"] == 6 and h201["data"]["replica_set"] == [0, 1]
+    # Rank 1 is slow from step 7 (after the rollback): the interval of steps 7-8 names it, on
+    # both ranks, once; rank 0, which also saves the checkpoints, is never named.
+    for rank in (0, 1):
+        h202 = [r for r in _guard_rows(tmp_path, rank) if r.get("code") == "H202"]
+        assert [(r["rank"], r["step"]) for r in h202] == [(1, 8)], h202
+        assert h202[0]["data"]["score_vs_fastest"] < 0.5
+
+
+@pytest.mark.slow  # a hang waits out two timeouts; the straggler above runs by default
+def test_ddp_hung_rank_is_named_and_the_others_exit_3(tmp_path: Path) -> None:
+    port = _free_port()
+    procs = [CTX.Process(target=_ddp_worker, args=(r, tmp_path, port, HANG_AT)) for r in range(2)]
+    for p in procs:
+        p.start()
+    rank0, rank1 = procs
+    rank0.join(180)
+    try:
+        assert rank0.exitcode == 3  # the hung-rank exit, for the launcher to restart the job
+        assert rank1.is_alive()  # still asleep in its forward
+    finally:
+        if rank1.is_alive():
+            os.kill(rank1.pid, signal.SIGTERM)  # what a launcher does to the job's other ranks
+        rank1.join(30)
+    (r301,) = [r for r in _guard_rows(tmp_path, 0) if r.get("code") == "R301"]
+    assert r301["rank"] == 1 and r301["step"] == HANG_AT
+    assert r301["data"]["missing_ranks"] == [1] and r301["data"]["exit_status"] == 3
+    report = tmp_path / "rank0" / r301["data"]["stack_file"]
+    assert "training_step" in report.read_text()  # rank 0's own stacks, inside the Trainer
+    assert not (tmp_path / "rank0.json").exists()  # training never went on past the hang
 
 
 # -- the device path (guards.decide_on="device": what CUDA gets by default) -----------------------

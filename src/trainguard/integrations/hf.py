@@ -32,7 +32,8 @@ Data: the training sampler is an `ElasticSampler` (`trainer.elastic_sampler`) ov
 run (`max_steps` is required), its global batch the Trainer's total train batch size; the
 Trainer's own resume skips the first N steps' batches. Under torchrun/accelerate with DDP, the
 default guard is `Guard(distributed=True)`: the step's metrics are averaged over the ranks so
-every rank decides alike, phases are timed (stragglers, H202), replicas are compared before each
+every rank decides alike, phases are timed (stragglers, H202; the Trainer's saves and
+evaluations are left out: only rank 0 writes the checkpoint), replicas are compared before each
 save (H201), and a hung rank is named (R301). DeepSpeed and FSDP keep gradients elsewhere and
 are not supported.
 
@@ -192,6 +193,15 @@ class GuardedTrainerMixin:
             if decision is not None and self.stop_decision is None:
                 self._stop_on(decision)
 
+    def _mark_between_steps(self, control: Any) -> None:
+        """After a step: the straggler timer pauses while the Trainer evaluates or saves (only
+        rank 0 writes the checkpoint: its busy time there would name it a straggler), and
+        counts the next step's data phase otherwise."""
+        if self.guard.distributed is None:
+            return
+        due = "checkpoint" if control.should_save else "eval" if control.should_evaluate else None
+        self.guard.distributed.mark(due or "data")
+
     def _stop_on(self, decision: Decision) -> None:
         if decision.action in ("rollback", "halt"):
             self.stop_decision = decision
@@ -300,12 +310,16 @@ class TrainguardCallback(TrainerCallback):
                 done, kwargs.get("model"), t.optimizer, checkpoint_due=control.should_save
             )
             t._stop_on(end)
-            if t.guard.distributed is not None:
-                t.guard.distributed.mark("data")
+            t._mark_between_steps(control)
         if t.stop_decision is not None:
             t._settle(flush=True)  # nothing stays pending across a rollback or a halt
             control.should_save = False  # never save a state a rollback is about to undo
             control.should_training_stop = True
+        return control
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.trainer is not None:
+            self.trainer._mark_between_steps(control)  # a save may still follow
         return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -326,4 +340,5 @@ class TrainguardCallback(TrainerCallback):
             folder = Path(args.output_dir) / f"{PREFIX}{state.global_step}"
             commit_checkpoint(folder, state.global_step, t.guard, t._sampler())
         t.accelerator.wait_for_everyone()  # nobody reads the folder before it is committed
+        t._mark_between_steps(control)  # the save is over: the next step's data phase
         return control
