@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import os
 import shutil
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ L = pytest.importorskip("lightning")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from trainguard import ElasticSampler  # noqa: E402
+from trainguard.config.distributed import DistributedConfig  # noqa: E402
 from trainguard.errors import ConfigError, RunHalted  # noqa: E402
 from trainguard.guard import Guard, GuardsConfig  # noqa: E402
 from trainguard.integrations.lightning import (  # noqa: E402
@@ -316,3 +320,85 @@ def test_device_path_skips_the_same_updates_bitwise(guarded: Run, tmp_path: Path
         assert same(a["optimizer_states"], b["optimizer_states"])
         key = next(k for k in a["callbacks"] if "TrainguardLightningCallback" in k)
         assert a["callbacks"][key]["guard"] == b["callbacks"][key]["guard"]
+
+
+# -- DDP: two gloo processes ---------------------------------------------------------------------
+CTX = multiprocessing.get_context("fork")
+FLIP_AT = 5  # rank 1's weights get one bit flipped after this update
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FlippingLM(TinyLM):
+    """Rank 1 corrupts one weight once, after the update of step FLIP_AT (silent corruption)."""
+
+    flipped = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if self.global_rank == 1 and self.trainer.global_step == FLIP_AT + 1 and not self.flipped:
+            with torch.no_grad():
+                self.out.weight.view(-1)[:1].view(torch.int32)[0] ^= 1 << 12  # a mantissa bit
+            self.flipped = True
+        return super().training_step(batch, batch_idx)
+
+
+def _ddp_worker(rank: int, tmp: Path, port: int) -> None:
+    # Launched like torchrun launches: Lightning sees LOCAL_RANK and creates no processes.
+    env = {"RANK": rank, "LOCAL_RANK": rank, "NODE_RANK": 0, "WORLD_SIZE": 2,
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+    os.environ.update({k: str(v) for k, v in env.items()})
+    torch.set_num_threads(1)
+    dataset = Tokens()
+    sampler = ElasticSampler(len(dataset), global_batch_size=BATCH, seed=0, rank=rank,
+                             world_size=2)  # fmt: skip
+    # A NaN in rank 1's half of step 2's global batch only: both ranks must skip step 2.
+    module = FlippingLM({int(sampler.batch_ids(2)[BATCH // 2])}, set())
+    guard = Guard(
+        run_dir=tmp / f"rank{rank}", config=WARMUP,
+        distributed=DistributedConfig(replica_check_interval=2, straggler_interval=2),
+    )  # fmt: skip
+    callback = TrainguardLightningCallback(sampler, guard=guard)
+    trainer = L.Trainer(
+        max_steps=10, gradient_clip_val=1.0, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", devices=2, strategy="ddp",
+        use_distributed_sampler=False,
+        callbacks=[callback, VerifiedModelCheckpoint(tmp / "ckpt", every_n_train_steps=4,
+                                                     save_top_k=-1)],
+    )  # fmt: skip
+    assert trainer.global_rank == rank and sampler.rank == trainer.global_rank
+    fit(trainer, module, train_dataloaders=DataLoader(dataset, sampler=sampler,
+                                                      batch_size=BATCH // 2))  # fmt: skip
+    result = {"history": guard.history, "step": trainer.global_step,
+              "weights": [p.detach().flatten().tolist() for p in module.parameters()],
+              "seen": [s for s, _, _ in module.seen]}  # fmt: skip
+    (tmp / f"rank{rank}.json").write_text(json.dumps(result))
+    guard.close()
+    torch.distributed.destroy_process_group()
+
+
+def test_ddp_ranks_agree_and_roll_back_a_corrupted_replica(tmp_path: Path) -> None:
+    port = _free_port()
+    procs = [CTX.Process(target=_ddp_worker, args=(r, tmp_path, port)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    # Both ranks took every decision together: the rank-local NaN is skipped on both, the
+    # replica check after the flip (step 6) rolls both back to step-4.
+    assert r0["history"] == r1["history"]
+    assert [(h["step"], h["action"]) for h in r0["history"]] == [(2, "skip"), (6, "rollback")]
+    assert r0["seen"] == r1["seen"] == [*range(7), *range(4, 10)]
+    assert r0["weights"] == r1["weights"]  # bitwise: the replicas agree again
+    assert r0["step"] == r1["step"] == 10
+    rows = [json.loads(x) for x in (tmp_path / "rank1" / "guard.jsonl").read_text().splitlines()]
+    (h201,) = [r for r in rows if r.get("code") == "H201"]  # two replicas: no majority
+    assert h201["step"] == 6 and h201["data"]["replica_set"] == [0, 1]
+    # Nobody is slow: rank 0, which alone writes the checkpoints, is not named a straggler.
+    assert [r for r in rows if r.get("code") == "H202"] == []
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == ["step-4", "step-8"]

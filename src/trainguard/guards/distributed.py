@@ -107,6 +107,18 @@ class DistributedGuards:
         if self._sigterm is not None:
             self._sigterm.arm()
 
+    def connect(self) -> None:
+        """Create the monitor group now if there was no initialised process group when this
+        part was built (a framework that sets the group up itself, as Lightning does inside
+        `fit`, after the user built the guard). A collective: every rank calls it. A no-op
+        once connected, and with one process."""
+        if self.group is not None:
+            return
+        self.group = MonitorGroup.create(self.config.sync_timeout_s)
+        if self.active:
+            self._sigterm = SigtermStackDump(self.run_dir, self.rank)
+            self._sigterm.arm()
+
     def close(self) -> None:
         if self._sigterm is not None:
             self._sigterm.disarm()

@@ -27,7 +27,8 @@ Lightning checkpoint). Data: the `ElasticSampler` must be the train loader's sam
 the restored step (Lightning cannot fast-forward a plain DataLoader). Under DDP build it with
 `rank=trainer.global_rank, world_size=trainer.world_size` and pass
 `Trainer(use_distributed_sampler=False)`; `Guard(distributed=True)` adds the replica, straggler
-and hung-rank guards. Automatic optimization only.
+and hung-rank guards (build it before `fit`: the callback connects it to the process group
+Lightning sets up in `fit`). Automatic optimization only.
 
 On CUDA (`GuardsConfig.decide_on`, "auto"; not with fp16's GradScaler or metrics averaged over
 ranks): `Guard.step_async`, no host sync: the skip is decided on the device and Lightning's
@@ -116,6 +117,8 @@ class TrainguardLightningCallback(Callback):
                 "length would end Lightning's epoch early",
                 "ElasticSampler(..., max_steps=None) and L.Trainer(max_steps=N)",
             )
+        if self.guard.distributed is not None:  # Lightning has set up the process group now
+            self.guard.distributed.connect()
         self.stop_decision, self._step_loss, self._judged = None, None, None
         self._masked = None
         self.sampler.set_step(0)  # a fresh fit; a restored checkpoint moves it (load_state_dict)
@@ -166,8 +169,14 @@ class TrainguardLightningCallback(Callback):
             self._stop_on(end, trainer)
         if self.stop_decision is not None:
             self.settle(trainer, flush=True)  # nothing stays pending across a rollback or halt
+        # The straggler timer pauses while the companion saves (only rank 0 writes: its busy
+        # time there is not a slow chip); `VerifiedModelCheckpoint` restarts it after the save.
+        self.mark("checkpoint" if due else "data")
+
+    def mark(self, phase: str) -> None:
+        """The straggler timer's phase (the distributed part's; nothing without one)."""
         if self.guard.distributed is not None:
-            self.guard.distributed.mark("data")
+            self.guard.distributed.mark(phase)
 
     def settle(self, trainer: Any, flush: bool = True) -> None:
         """The device path, after Lightning's optimizer step: end the mask; with `flush`, read
@@ -250,6 +259,9 @@ class VerifiedModelCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             commit_folder(Path(filepath).parent, trainer.global_step, {"writer": "lightning"})
         trainer.strategy.barrier("trainguard.manifest")
+        for c in trainer.callbacks:  # the save is over: the next step's data phase
+            if isinstance(c, TrainguardLightningCallback):
+                c.mark("data")
 
     def _remove_checkpoint(self, trainer: Any, filepath: str) -> None:
         super()._remove_checkpoint(trainer, filepath)
