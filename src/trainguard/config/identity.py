@@ -27,6 +27,7 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "data.source",
     "data.cache_dir",
     "train.threads",
+    "train.schedule_on_extend",  # acts only when a resume extends max_steps
     "train.log_interval",
     "train.eval_interval",
     "train.eval_batches",

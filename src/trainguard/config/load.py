@@ -26,6 +26,7 @@ from trainguard.util.inputs import read_text
 RESUMABLE_KEYS = frozenset(
     {
         "train.max_steps",
+        "train.schedule_on_extend",
         "metrics.tb_dir",
         "metrics.wandb",
         "metrics.wandb_project",

@@ -103,7 +103,15 @@ class ModelConfig(_Section):
 
 class TrainConfig(_Section):
     max_steps: int = Field(500, ge=1)
-    """Optimizer steps. The only key that may change when resuming a run."""
+    """Optimizer steps. The only key that may change when resuming a run: larger, the LR
+    schedule keeps its decay and appends a segment (`schedule_on_extend`, finding R620);
+    below the checkpoint's step, the resume is refused (exit 2)."""
+    schedule_on_extend: Literal["constant", "rewarm"] = "constant"
+    """What a resume with a larger `max_steps` appends to the LR schedule, which keeps its
+    original warm-up and cosine decay to the old `max_steps`: `constant` holds the LR of the
+    last planned step for the added steps (no jump); `rewarm` climbs from it back to the peak
+    over `warmup_steps`, then decays by cosine to the new `max_steps`. Never changes a run
+    that is not extended."""
     batch_size: int = Field(16, ge=1)
     """Sequences per micro-batch, summed over all processes (the global micro-batch)."""
     grad_accum: int = Field(1, ge=1)

@@ -22,7 +22,7 @@ from trainguard.data.order import ElasticOrder, batch_hash
 from trainguard.drills.faults import FaultPlan
 from trainguard.guards.device import PendingStep
 from trainguard.train.optim import Optimizer
-from trainguard.train.schedule import lr_at
+from trainguard.train.schedule import LrSchedule
 
 
 @dataclass
@@ -74,6 +74,7 @@ class Trainer:
         device: torch.device | None = None,
         ddp_model: torch.nn.Module | None = None,
         on_phase: Callable[[str, int], None] | None = None,
+        schedule: LrSchedule | None = None,
     ) -> None:
         self.recipe = recipe
         self.model = model
@@ -91,6 +92,8 @@ class Trainer:
         self.global_batch = t.batch_size * t.grad_accum  # sequences per optimizer step
         self.order = ElasticOrder(train_data.num_samples(self.seq_len), t.seed)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # The recipe's cosine unless a resume extended it (train/schedule.py).
+        self.schedule = schedule or LrSchedule.planned(t.warmup_steps, t.min_lr_ratio, t.max_steps)
 
     def _phase(self, name: str, step: int) -> None:
         self.on_phase(name, step)
@@ -156,7 +159,7 @@ class Trainer:
         # One schedule factor for every group; each group scales its own peak (Muon's matrices
         # and AdamW's embeddings have different peaks). Groups without `peak_lr` come from a
         # checkpoint written before groups carried it: their peak was train.lr.
-        factor = lr_at(step - 1, 1.0, t.warmup_steps, t.max_steps, t.min_lr_ratio)
+        factor = self.schedule.factor(step - 1)
         for group in self.optimizer.param_groups:
             group["lr"] = group.get("peak_lr", t.lr) * factor
         if pending is None:

@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from trainguard.checkpoint.inventory import unloadable
 from trainguard.checkpoint.local import ATTIC, free_path
 from trainguard.checkpoint.results import LoadedCheckpoint
@@ -26,7 +28,9 @@ from trainguard.config.schema import Recipe
 from trainguard.errors import NoUsableCheckpoint
 from trainguard.findings import Finding
 from trainguard.train.optim import Optimizer
+from trainguard.train.schedule import LrSchedule, resumed_schedule
 from trainguard.train.shared_store import checkpoint_root
+from trainguard.train.state import RECIPE_FILE
 from trainguard.train.state_load import CheckpointContent, UnloadableCheckpoint, read_checkpoint
 from trainguard.util.atomic import fsync_dir
 from trainguard.util.runlock import LOCK_FILE
@@ -123,3 +127,26 @@ def start_fresh(recipe: Recipe, run_dir: Path) -> list[Finding]:
             data={"moved_to": where},
         )
     ]
+
+
+def schedule_to_resume(recipe: Recipe, chosen: Chosen) -> tuple[LrSchedule, list[Finding]]:
+    """The LR schedule of a run resuming from `chosen` (the recipe's cosine on a fresh start)
+    and R620 when train.max_steps changed since that checkpoint; ConfigError (exit 2) when it
+    is below the checkpoint's step. Checked in setup, before the run dir is written."""
+    t = recipe.train
+    if chosen.loaded is None or chosen.content is None:
+        return LrSchedule.planned(t.warmup_steps, t.min_lr_ratio, t.max_steps), []
+    saved = chosen.content.trainer.schedule
+    planned = None if saved else _checkpoint_max_steps(chosen.loaded.path)
+    return resumed_schedule(t, chosen.loaded.step, saved, planned)
+
+
+def _checkpoint_max_steps(folder: Path) -> int | None:
+    """train.max_steps of a checkpoint's recipe.yaml (written before schedules were saved);
+    None when it cannot be read: the plan is then taken to be the current max_steps."""
+    try:
+        doc = yaml.safe_load((Path(folder) / RECIPE_FILE).read_text(encoding="utf-8"))
+        value = doc["train"]["max_steps"]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return value if type(value) is int and value >= 1 else None

@@ -35,7 +35,13 @@ from trainguard.train.metrics import ProgressDisplay, unlogged_hang_reports
 from trainguard.train.multiproc import MultiProcessGuards
 from trainguard.train.optim import build_optimizer
 from trainguard.train.outcome import RunResult, close_session, report_hang
-from trainguard.train.restore import Chosen, choose_checkpoint, refuse_if_none_usable, start_fresh
+from trainguard.train.restore import (
+    Chosen,
+    choose_checkpoint,
+    refuse_if_none_usable,
+    schedule_to_resume,
+    start_fresh,
+)
 from trainguard.train.shared_store import checkpoint_root, open_store, probe_store
 from trainguard.train.state import TrainerState, write_checkpoint_files
 from trainguard.train.state_load import apply_checkpoint
@@ -122,6 +128,8 @@ class RunSession:
         # resume(), after pre-flight (whose random draws must not touch the restored RNGs).
         self.chosen = choose_checkpoint(self.store, self.model, self.optimizer)
         refuse_if_none_usable(self.chosen)
+        # A max_steps below the checkpoint's step stops here, before the run dir is written.
+        self.schedule, self.schedule_findings = schedule_to_resume(self.recipe, self.chosen)
         if self.is_main:
             rundir.write_recipe(self.run_dir, self.recipe_dict)
             shutil.copyfile(self.data.tokenizer_path, self.run_dir / "tokenizer.json")
@@ -180,6 +188,7 @@ class RunSession:
                 )
             ]
         )
+        self.record(self.schedule_findings)  # R620: max_steps changed, the LR before and after
 
     def check_data_unchanged(self, step: int, manifest: dict) -> None:
         """D104: the checkpoint was trained on other data than the data prepared now. The run
@@ -210,6 +219,7 @@ class RunSession:
 
         self.state.guard = self.guard.state_dict()
         self.state.evals = self.evals.state_dict()
+        self.state.schedule = self.schedule.to_list()
 
         def write(folder: Path) -> None:
             write_checkpoint_files(
@@ -289,6 +299,7 @@ class RunSession:
             faults=self.faults,
             device=self.device,
             ddp_model=self.ddp,
+            schedule=self.schedule,
         )
         self.display = ProgressDisplay(
             t.max_steps,

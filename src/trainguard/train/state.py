@@ -40,6 +40,8 @@ class TrainerState:
     skipped_positions: list[list[int]] = field(default_factory=list)
     guard: dict[str, Any] = field(default_factory=dict)
     evals: dict[str, Any] = field(default_factory=dict)
+    schedule: list[dict[str, Any]] = field(default_factory=list)
+    """The LR schedule's segments (train/schedule.py); empty: the recipe's plain cosine."""
 
     @property
     def loader_position(self) -> int:
@@ -63,6 +65,7 @@ class TrainerState:
             "skipped_positions": self.skipped_positions,
             "guard": self.guard,
             "evals": self.evals,
+            "schedule": self.schedule,
         }
 
 

@@ -26,6 +26,7 @@ from safetensors.torch import load_model
 from trainguard.checkpoint.inventory import load_error_words
 from trainguard.data.order import LoaderState
 from trainguard.train.optim import Optimizer, OptimizerSet
+from trainguard.train.schedule import LrSchedule
 from trainguard.train.state import (
     ENV_FILE,
     LOADER_FILE,
@@ -168,6 +169,9 @@ def _trainer_state(doc: Any, step: int | None) -> tuple[TrainerState, tuple[Any,
     guard, evals = doc.get("guard", {}), doc.get("evals", {})
     if not isinstance(guard, dict) or not isinstance(evals, dict):
         raise ValueError("guard and evals must be JSON objects")
+    schedule = doc.get("schedule", [])
+    if schedule:  # the segments' shape (the recipe's warm-up and floor come in later)
+        LrSchedule.from_list(0, 0.0, schedule)
     saved_random = doc.get("python_random")
     if not (isinstance(saved_random, list) and len(saved_random) == 3):
         raise ValueError("python_random is not the [version, state, gauss] trainguard writes")
@@ -180,6 +184,7 @@ def _trainer_state(doc: Any, step: int | None) -> tuple[TrainerState, tuple[Any,
         skipped_positions=skipped,
         guard=guard,
         evals=evals,
+        schedule=schedule,
     )
     return state, python_random
 
