@@ -3,6 +3,8 @@ errors never masked by cleanup, and bad input that is refused before any work.""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import resource
@@ -10,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +30,7 @@ from trainguard.util.runlock import LOCK_FILE, FolderLock, read_holder
 RESUME = ["--no-evals", "--set", "train.max_steps=16"]
 
 
-def start_cli(*args: str, inject: str = "") -> subprocess.Popen:
+def start_cli(*args: str, inject: str = "", stdout: int = subprocess.PIPE) -> subprocess.Popen:
     """`python -m trainguard ARGS` in the background, as a user's terminal would run it."""
     env = {**os.environ, "CI": "1"}
     env.pop("TRAINGUARD_INJECT", None)
@@ -36,7 +39,7 @@ def start_cli(*args: str, inject: str = "") -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "trainguard", *args],
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -281,22 +284,53 @@ def test_sigterm_stops_like_ctrl_c_and_leaves_no_backstop_file(
     assert not list(tiny_run_copy.glob("hang-*")), list(tiny_run_copy.iterdir())
 
 
+def _fill(fd: int) -> None:
+    """Fill the pipe behind `fd` to the brim: its next write blocks."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    try:
+        for chunk in (4096, 1):
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    os.write(fd, b" " * chunk)
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+
+
+def _drain(fd: int) -> None:
+    while os.read(fd, 1 << 16):
+        pass
+
+
 def test_a_second_ctrl_c_during_shutdown_exits_130(tiny_recipe: Path, tiny_run_copy: Path) -> None:
-    args = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), *RESUME]
+    """The run's shutdown after Ctrl-C writes the report, then its one JSON object to stdout: a
+    stdout pipe filled to the brim holds it there, alive and in its shutdown, for certain, until
+    the second Ctrl-C."""
+    read_end, write_end = os.pipe()
     report = tiny_run_copy / "report.html"
     written = report.stat().st_mtime_ns
-    proc = start_cli(*args, inject="hang@14")
-    wait_until(proc, lambda: steps_logged(tiny_run_copy) >= 13, "step 13")
-    proc.send_signal(signal.SIGINT)
-    # The report is rewritten on the way out: the second Ctrl-C lands in the shutdown after it.
-    deadline = time.monotonic() + 120
-    while report.stat().st_mtime_ns == written and proc.poll() is None:
-        assert time.monotonic() < deadline, "the interrupted run never wrote its report"
-        time.sleep(0.005)
-    if proc.poll() is None:
+    args = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "--json", *RESUME]
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, read_end)
+        proc = start_cli(*args, inject="hang@14", stdout=write_end)
+        stack.callback(lambda: proc.poll() is None and proc.kill())
+        wait_until(proc, lambda: steps_logged(tiny_run_copy) >= 13, "step 13")
+        _fill(write_end)  # step 14 hangs in its forward: nothing else writes to stdout now
+        os.close(write_end)
         proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+        deadline = time.monotonic() + 120
+        while report.stat().st_mtime_ns == written:  # the first Ctrl-C's shutdown has begun
+            assert proc.poll() is None, "exited before the second Ctrl-C"
+            assert time.monotonic() < deadline, "the interrupted run never wrote its report"
+            time.sleep(0.01)
+        assert proc.poll() is None, "exited before the second Ctrl-C"  # held by the full pipe
+        proc.send_signal(signal.SIGINT)
+        drained = threading.Thread(target=_drain, args=(read_end,), daemon=True)
+        drained.start()
+        _, err = proc.communicate(timeout=120)
+        drained.join(30)
     assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "SIGINT again: exiting now" in err, err[-3000:]  # cli/_signals.py, on the second
     assert "Fatal Python error" not in err and "Traceback" not in err
 
 
