@@ -134,6 +134,12 @@ ROWS = [
         says=("another recipe", "train.lr", "--force"),
     ),
     row(
+        "run-prepared-missing",
+        *("run", "{tiny}", "--run-dir", "{out}/r", "--set", "data.prepared={out}/none"),
+        says=NOT_EXIST,
+        may_create=("out/r", "out/r/*"),
+    ),
+    row(
         "run-reference-missing",
         *("run", "{tiny}", "--run-dir", "{out}/r", "--set", "reference.path={out}/none.json"),
         says=NOT_EXIST,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.checkpoint.node_cache import NodeCache, table_of
 from trainguard.errors import CorruptError
+from trainguard.util.node_cache import NodeCache, table_of
 
 
 def writer(payload: dict[str, bytes], calls: list[int] | None = None, delay: float = 0.0):

@@ -29,7 +29,6 @@ from typing import Any
 
 from trainguard.checkpoint.group import CheckpointGroup
 from trainguard.checkpoint.layout import FlatLayout, Layout, Part, check_keys, classify
-from trainguard.checkpoint.node_cache import NodeCache
 from trainguard.checkpoint.results import AsyncSave
 from trainguard.checkpoint.resume import (
     check_payload,
@@ -44,6 +43,7 @@ from trainguard.checkpoint.sharded import ShardedIO, failure_text, is_sharded_mo
 from trainguard.checkpoint.store import CheckpointStore, _is_url
 from trainguard.errors import BadInputError, StorageError
 from trainguard.findings import Finding
+from trainguard.util.node_cache import NodeCache
 
 log = logging.getLogger("trainguard.checkpoint")
 FORMAT = 1

@@ -42,7 +42,6 @@ from trainguard.checkpoint.manifest import (
     parse_step_dirname,
     step_dirname,
 )
-from trainguard.checkpoint.node_cache import CacheEntry, NodeCache
 from trainguard.checkpoint.retry import (
     RetryPolicy,
     RetryStats,
@@ -53,6 +52,7 @@ from trainguard.checkpoint.retry import (
 from trainguard.errors import BadInputError
 from trainguard.findings import Finding
 from trainguard.util.hashing import CHUNK
+from trainguard.util.node_cache import CacheEntry, NodeCache
 from trainguard.util.paths import credentials_error
 
 # Objects up to this size are read in one GET (manifests, loader state, small shards).

@@ -19,7 +19,7 @@ from typing import Any
 
 from trainguard.checkpoint.failures import describe, io_errno
 from trainguard.checkpoint.folder import read_manifest
-from trainguard.checkpoint.fsurl import default_cache_dir, open_filesystem
+from trainguard.checkpoint.fsurl import default_cache_dir
 from trainguard.checkpoint.inventory import junk_findings, none_usable
 from trainguard.checkpoint.local import ATTIC, LocalBackend, staged_bytes
 from trainguard.checkpoint.manifest import (
@@ -29,13 +29,14 @@ from trainguard.checkpoint.manifest import (
     parse_manifest,
     step_dirname,
 )
-from trainguard.checkpoint.node_cache import NodeCache
 from trainguard.checkpoint.remote import RemoteBackend
 from trainguard.checkpoint.results import CheckpointInfo, LoadedCheckpoint, SaveHandle
 from trainguard.checkpoint.retention import apply_retention, displace
 from trainguard.checkpoint.retry import RetryPolicy, TokenBucket
 from trainguard.errors import BadInputError, CorruptError, StorageError
 from trainguard.findings import Finding, has_errors
+from trainguard.util.fsurl import open_filesystem
+from trainguard.util.node_cache import NodeCache
 
 
 def _is_url(root: str) -> bool:

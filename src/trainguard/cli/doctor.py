@@ -49,7 +49,7 @@ def _check_storage_url(plan: Any) -> None:
     from trainguard.doctor.storage import is_url
 
     if is_url(plan.checkpoint_dir):
-        from trainguard.checkpoint.fsurl import open_filesystem
+        from trainguard.util.fsurl import open_filesystem
 
         open_filesystem(plan.checkpoint_dir, plan.storage_options)
 

@@ -26,6 +26,11 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "description",
     "data.source",
     "data.cache_dir",
+    # Where prepared data is read from: its content is compared through the data identity.
+    "data.prepared",
+    "data.storage_options",
+    "data.node_cache_dir",
+    "data.node_cache_max_gb",
     "train.threads",
     "train.schedule_on_extend",  # acts only when a resume extends max_steps
     "train.log_interval",

@@ -43,6 +43,18 @@ class DataConfig(_Section):
     cache_dir: str | None = None
     """Where prepared shards are cached.
     Default: `$TRAINGUARD_CACHE`, else `~/.cache/trainguard`."""
+    prepared: str | None = None
+    """A prepared data folder to train on instead of preparing `source`: the key folder
+    `trainguard data prepare --out` wrote, uploaded whole to an fsspec URL
+    (`s3://bucket/prefix/KEY`) or a local path. Remote shards are fetched on demand into the
+    node cache, once per machine, and memory-mapped there (`node_cache_dir`)."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec options for a URL `prepared`, e.g. `{key, secret, client_kwargs: {endpoint_url}}`."""
+    node_cache_dir: str | None = None
+    """The machine-wide cache remote shards are fetched into (a local disk, not NFS).
+    Default: `$TRAINGUARD_CACHE/node`, else `~/.cache/trainguard/node`."""
+    node_cache_max_gb: float = Field(64.0, gt=0.0)
+    """Size limit of the node cache: least recently used entries not in use are evicted."""
     shard_tokens: int = Field(4_000_000, ge=1024)
     """Tokens per shard file."""
 

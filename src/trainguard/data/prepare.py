@@ -29,7 +29,7 @@ from trainguard.errors import DataError, OutputWriteError
 from trainguard.findings import Finding
 from trainguard.util.atomic import check_writable, fsync_dir
 from trainguard.util.hashing import file_checksum, stable_json_hash
-from trainguard.util.paths import refuse_overwrite
+from trainguard.util.paths import is_url, refuse_overwrite
 
 TOKENIZER_FILE = "tokenizer.json"
 _ENCODE_BATCH_BYTES = 4 << 20  # documents per encode_batch call, by size: parallel, bounded
@@ -66,6 +66,13 @@ class PreparedData:
     stats: CorpusStats
     reused: bool = field(default=True)
     """False when this call built the folder, True when it opened an existing one."""
+    remote: Any = field(default=None, repr=False)
+    """The `data.remote.RemotePrepared` its shards come through (None: a local folder)."""
+
+    def close(self) -> None:
+        """Release the node-cache entries of remote data (nothing for a local folder)."""
+        if self.remote is not None:
+            self.remote.close()
 
     @classmethod
     def from_dir(cls, path: str | Path, reused: bool = True) -> PreparedData:
@@ -259,7 +266,12 @@ def prepare_data(
 
     `engine="spark"` builds it with PySpark (`prepare_spark.py`; a running session is reused,
     else one for `spark_master`); both engines write the same bytes, so the cache serves either.
+    With `data.prepared`, that folder is opened instead (remote: through the node cache).
     """
+    if data_cfg.prepared:
+        data = open_prepared(data_cfg)
+        _check_fits(data, data_cfg.seq_len)
+        return data
     cache = Path(data_cfg.cache_dir).expanduser() if data_cfg.cache_dir else default_cache_dir()
     refuse_overwrite({"data.cache_dir": cache}, {"data.source": data_cfg.source})
     key = cache_key(data_cfg, tok_cfg)
@@ -309,6 +321,38 @@ def prepare_data(
     data = PreparedData.from_dir(final, reused=reused)
     _check_fits(data, data_cfg.seq_len)
     return data
+
+
+def open_prepared(data_cfg: DataConfig) -> PreparedData:
+    """`data.prepared`: a local folder, verified; a URL, through the node cache (remote.py)."""
+    url = data_cfg.prepared
+    assert url is not None
+    if not is_url(url) or url.startswith("file://"):
+        return PreparedData.from_dir(Path(url.removeprefix("file://")).expanduser())
+    from trainguard.data.remote import RemotePrepared
+
+    remote = RemotePrepared(
+        url,
+        data_cfg.storage_options,
+        data_cfg.node_cache_dir,
+        max_bytes=max(1, int(data_cfg.node_cache_max_gb * 1e9)),
+    )
+    folder = remote.open_meta()
+    manifest = remote.manifest
+    tok_path = folder / manifest["tokenizer"]["file"]
+    tok = load_tokenizer(tok_path)
+    return PreparedData(
+        dir=folder,
+        tokenizer=tok,
+        tokenizer_path=tok_path,
+        eot_id=eot_id(tok),
+        vocab_size=tok.get_vocab_size(),
+        train=TokenDataset(folder, manifest["splits"]["train"], remote.shard_path),
+        val=TokenDataset(folder, manifest["splits"]["val"], remote.shard_path),
+        manifest=manifest,
+        stats=CorpusStats.from_dict(manifest["stats"]),
+        remote=remote,
+    )
 
 
 def _fsync_files(folder: Path) -> None:

@@ -10,6 +10,7 @@ for every document start and `<split>.doc_labels.json` the label names.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -203,22 +204,37 @@ def raise_if_corrupt(findings: list[Finding], folder: Path) -> None:
 class TokenDataset:
     """One split's verified shards as a single packed token stream of memory maps."""
 
-    def __init__(self, folder: str | Path, meta: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        meta: dict[str, Any],
+        shard_path: Callable[[dict[str, Any]], Path] | None = None,
+    ) -> None:
+        """`shard_path(entry)`: where a shard's verified file is, asked the first time the
+        shard is read (remote data fetches it then, data/remote.py); default `folder/file`."""
         folder = Path(folder)
         self.meta = meta
         self.docs: int = meta["docs"]
         self.bytes: int = meta["bytes"]
         self.n_tokens: int = meta["n_tokens"]
-        self._shards = [
-            np.memmap(folder / s["file"], dtype=s["dtype"], mode="r", shape=(s["n_tokens"],))
-            for s in meta["shards"]
-        ]
+        self._shard_path = shard_path or (lambda entry: folder / entry["file"])
+        self._shards: list[np.memmap | None] = [None] * len(meta["shards"])
         # _starts[k] = stream offset of shard k's first token; last entry = n_tokens.
         self._starts = np.cumsum([0] + [s["n_tokens"] for s in meta["shards"]])
         index = np.load(folder / meta["doc_index"]["file"], allow_pickle=False)
         self.doc_offsets: np.ndarray = index[:, 0]
         self._doc_label_ids: np.ndarray = index[:, 1]
         self.doc_labels: list[str] = json.loads((folder / meta["doc_labels"]["file"]).read_text())
+
+    def _shard(self, k: int) -> np.memmap:
+        """Shard k as a memory map, opened on first use."""
+        shard = self._shards[k]
+        if shard is None:
+            entry = self.meta["shards"][k]
+            path = self._shard_path(entry)
+            shard = np.memmap(path, dtype=entry["dtype"], mode="r", shape=(entry["n_tokens"],))
+            self._shards[k] = shard
+        return shard
 
     @property
     def bytes_per_token(self) -> float:
@@ -238,7 +254,7 @@ class TokenDataset:
         while start < stop:
             lo = start - int(self._starts[k])
             hi = min(stop, int(self._starts[k + 1])) - int(self._starts[k])
-            parts.append(self._shards[k][lo:hi])
+            parts.append(self._shard(k)[lo:hi])
             start += hi - lo
             k += 1
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)

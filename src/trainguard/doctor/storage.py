@@ -91,7 +91,7 @@ def probe_local(folder: Path, name: str, data: bytes) -> dict[str, Any]:
 
 
 def probe_url(url: str, options: dict[str, Any], name: str, data: bytes) -> dict[str, Any]:
-    from trainguard.checkpoint.fsurl import open_filesystem
+    from trainguard.util.fsurl import open_filesystem
 
     fs, root = open_filesystem(url, options)
     key = f"{root}/{name}"

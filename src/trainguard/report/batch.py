@@ -24,7 +24,7 @@ from trainguard.checkpoint.manifest import step_dirname
 from trainguard.checkpoint.target import run_checkpoint_root
 from trainguard.config.schema import Recipe
 from trainguard.data.order import batch_hash
-from trainguard.data.prepare import PreparedData, cache_key, default_cache_dir
+from trainguard.data.prepare import PreparedData, cache_key, default_cache_dir, open_prepared
 from trainguard.data.sampler import ElasticSampler
 from trainguard.errors import BadInputError, DataError
 from trainguard.filters.registry import apply_rules, reasons
@@ -128,6 +128,8 @@ def _inferred_position(rows: list[dict[str, Any]], recipe: Recipe, n: int, step:
 
 def _prepared(run_dir: Path, recipe: Recipe) -> PreparedData:
     d, tok = recipe.data, recipe.tokenizer
+    if d.prepared:  # a prepared folder named in the recipe (remote: through the node cache)
+        return open_prepared(d)
     cache = Path(d.cache_dir).expanduser() if d.cache_dir else default_cache_dir()
     folder = cache / cache_key(d, tok)
     if not folder.is_dir():

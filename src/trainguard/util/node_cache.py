@@ -1,8 +1,8 @@
 """A machine-wide cache of fetched files: one fetch per node, shared by every process on it.
 
-Remote checkpoints (and, later, remote training data) are fetched into `root/<entry>/` once per
-machine; the other processes of the node wait for that fetch and read the local copy. Each
-entry is
+Remote checkpoints (checkpoint/remote.py) and prepared data shards (data/remote.py) are
+fetched into `root/<entry>/` once per machine; the other processes of the node wait for that
+fetch and read the local copy. Each entry is
 
 - keyed: the caller's key (for a checkpoint: URL, step and manifest checksum) names it, and an
   entry whose recorded key or file table differs from what the caller expects is refetched;
