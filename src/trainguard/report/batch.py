@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from trainguard.checkpoint.local import scan_root
 from trainguard.checkpoint.manifest import step_dirname
@@ -144,7 +142,7 @@ def _prepared(run_dir: Path, recipe: Recipe) -> PreparedData:
     return PreparedData.from_dir(folder)
 
 
-def _sample_loss_model(run_dir: Path, before: int) -> tuple[torch.nn.Module | None, int | None]:
+def _sample_loss_model(run_dir: Path, before: int) -> tuple[Any, int | None]:
     """The model of the newest local checkpoint at or before step `before` that verifies."""
     from trainguard.evals.load import open_for_eval
 
@@ -160,15 +158,18 @@ def _sample_loss_model(run_dir: Path, before: int) -> tuple[torch.nn.Module | No
     return None, None
 
 
-@torch.no_grad()
-def _losses(model: torch.nn.Module, tokens: np.ndarray, chunk: int) -> list[float]:
+def _losses(model: Any, tokens: np.ndarray, chunk: int) -> list[float]:
     """Mean next-token cross-entropy of each sample (fp32), in chunks of a micro-batch."""
+    import torch  # only when there is a checkpoint: `report` imports this module too
+    import torch.nn.functional as F
+
     out: list[float] = []
-    for i in range(0, len(tokens), chunk):
-        t = torch.from_numpy(tokens[i : i + chunk])
-        logits = model(t[:, :-1]).float()
-        ce = F.cross_entropy(logits.flatten(0, 1), t[:, 1:].flatten(), reduction="none")
-        out += ce.view(len(t), -1).mean(1).tolist()
+    with torch.no_grad():
+        for i in range(0, len(tokens), chunk):
+            t = torch.from_numpy(tokens[i : i + chunk])
+            logits = model(t[:, :-1]).float()
+            ce = F.cross_entropy(logits.flatten(0, 1), t[:, 1:].flatten(), reduction="none")
+            out += ce.view(len(t), -1).mean(1).tolist()
     return out
 
 
