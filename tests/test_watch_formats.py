@@ -9,6 +9,7 @@ import csv
 import json
 import math
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -204,7 +205,7 @@ def test_wandb_export_csv_several_runs(tmp_path: Path) -> None:
     "name,content",
     [
         ("image.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64)),
-        ("events.out.tfevents.123.host", os.urandom(256)),
+        ("events.out.tfevents.123.host", random.Random(0).randbytes(256)),  # seeded: every run
         ("trainer_state.json", b'{"global_step": 3}'),
         ("notes.txt", b"just some prose\nwithout any numbers\n"),
         ("empty.csv", b""),
