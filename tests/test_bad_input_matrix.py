@@ -47,6 +47,7 @@ class Row:
     says: tuple[str, ...] = ()
     never_says: tuple[str, ...] = ()
     fault: str | None = None
+    disk_limit: int = 1024  # `disk_full`: the bytes a file may hold (below the output's size)
     may_create: tuple[str, ...] = ()  # globs, relative to the workspace, of allowed new files
     marks: tuple = field(default_factory=tuple)
 
@@ -398,6 +399,13 @@ ROWS = [
         says=cannot("{out}/d.jsonl"),
         fault="disk_full",
     ),
+    row(
+        "data-dedup-clusters-readonly",
+        *("data", "dedup", "{good}", "--out", "{out}/d.jsonl", "--clusters", "{ro}/c.jsonl"),
+        exit=1,
+        says=cannot("{ro}/c.jsonl"),
+        fault="readonly",
+    ),
     # --- data filter ----------------------------------------------------------------------
     row(
         "data-filter-out-is-source",
@@ -605,6 +613,15 @@ ROWS = [
         exit=1,
         says=cannot("{ro}/drills.md"),
         fault="readonly",
+    ),
+    row(
+        "drill-markdown-disk-full",
+        *("drill", *DRILL, *DRILL_DIR, "--markdown", "{out}/drills.md"),
+        exit=1,
+        says=cannot("{out}/drills.md"),
+        fault="disk_full",
+        disk_limit=100,  # one drill's table is about 190 bytes
+        may_create=("out/drill*",),  # the drill's own run dir (its run failed)
     ),
     row(
         "drill-missing-recipe",
@@ -977,7 +994,7 @@ def _fault(row: Row, ws: Workspace, monkeypatch: pytest.MonkeyPatch):
         target = ws.paths["ro_run"] if "{ro_run}" in row.args else ws.paths["ro"]
         return _readonly(target)
     if row.fault == "disk_full":
-        return _disk_full()
+        return _disk_full(row.disk_limit)
     if row.fault == "locked":
         return _locked(ws.paths["run_ok"])
     if row.fault == "no_credentials":
