@@ -18,7 +18,7 @@ from trainguard.config.load import validate_recipe
 from trainguard.drills.faults import FaultPlan
 from trainguard.train.run import run_recipe
 
-FAULTS = "nan@5,spike@7,bitflip@10,nan@13,nan@14,nan@15"
+FAULTS = "nan@5,spike@7,bitflip@10:exponent,nan@13,nan@14,nan@15"
 
 
 def run(mode: str, corpus: Path, cache: Path, run_dir: Path) -> dict:

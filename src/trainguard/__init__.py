@@ -20,6 +20,7 @@ _LAZY = {
     "Checkpointer": "trainguard.checkpoint.checkpointer",
     "run_recipe": "trainguard.train.run",
     "load_recipe": "trainguard.config.load",
+    "collect_router_stats": "trainguard.model.moe",
 }
 
 __all__ = sorted(_LAZY)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 import warnings
 from collections import deque
 from collections.abc import Iterator
@@ -54,6 +55,8 @@ from trainguard.guards.rollback import checkpointer_findings, restore
 from trainguard.metrics.jsonl import MetricsLog
 from trainguard.metrics.sinks import MetricsFanout, MetricsSink
 from trainguard.monitors.config import MonitorsConfig
+from trainguard.monitors.loader import LoaderStallDetector
+from trainguard.monitors.moe import MoEHealthDetector, RouterStats, router_summary
 from trainguard.monitors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
 from trainguard.monitors.rerun import classify_rerun
 
@@ -163,6 +166,11 @@ class Guard:
         self.sinks = MetricsFanout(None, viewers)
         self._findings_log = MetricsLog(self.run_dir, "guard.jsonl") if self.run_dir else None
         self.monitors = MonitorSet(self.config, metrics or DEFAULT_METRICS, data_period)
+        self.moe = MoEHealthDetector(self.config)  # R601-R604, from `router_stats`
+        self.loader = LoaderStallDetector(self.config)  # R605, from the data phase's time
+        self._data_time = 0.0  # seconds in `phase("data")` since the last `step`
+        self._timed_data = False
+        self._last_step_at: float | None = None
         self.rollbacks = 0
         self.skipped = 0
         self.recent_bad: deque[int] = deque()
@@ -200,6 +208,10 @@ class Guard:
         tokens_per_s: float | None = None,
         model: Any = None,
         optimizer: Any = None,
+        *,
+        router_stats: RouterStats | None = None,
+        data_time_s: float | None = None,
+        step_time_s: float | None = None,
         **metrics: Any,
     ) -> Decision:
         """Score this step's metrics; call before `optimizer.step()`.
@@ -208,8 +220,16 @@ class Guard:
         `grad_norm`, it is computed from `model`'s gradients. With `optimizer`, gradients are
         cleared when the update must not be applied, so even an unconditional
         `optimizer.step()` changes nothing (torch optimizers skip parameters without gradients).
+
+        `router_stats`: this step's MoE router counts, `trainguard.collect_router_stats(model,
+        reset=True)` (R601-R604; summed over the ranks in a multi-process loop, so that every
+        rank judges the same counts). `data_time_s`: the seconds this step spent getting its
+        batch (R605); without it, the time spent inside `with guard.phase("data", step):`
+        since the last call. `step_time_s`: the step's seconds; without it, the time since
+        the last `guard.step` call.
         """
         if not self.config.enabled:
+            self._phase_times(data_time_s, step_time_s)  # keep the step clock going
             return Decision(step)
         self._refuse_if_pending("step")
         if grad_norm is None and model is not None:
@@ -221,16 +241,36 @@ class Guard:
         }
         for k, v in metrics.items():
             values[k] = _to_float(v)
-        decision = self._judge(step, values)
+        values |= self._phase_times(data_time_s, step_time_s)
+        if router_stats:
+            values |= router_summary(router_stats)
+        decision = self._judge(step, values, router_stats)
         if decision.action != "apply" and optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
         return decision
 
-    def _judge(self, step: int, values: dict[str, float | None]) -> Decision:
+    def _phase_times(self, data_time_s: Any, step_time_s: Any) -> dict[str, float | None]:
+        """This step's data-phase and step seconds (R605): as given, else what
+        `phase("data")` timed since the last call and the time since the last call."""
+        now = time.perf_counter()
+        if data_time_s is None and self._timed_data:
+            data_time_s = self._data_time
+        if step_time_s is None and self._last_step_at is not None:
+            step_time_s = now - self._last_step_at
+        self._last_step_at, self._data_time, self._timed_data = now, 0.0, False
+        if data_time_s is None:
+            return {}
+        return {"data_time_s": _to_float(data_time_s), "step_time_s": _to_float(step_time_s)}
+
+    def _judge(
+        self, step: int, values: dict[str, float | None], router_stats: RouterStats | None = None
+    ) -> Decision:
         """Detectors -> findings -> action, and the record of both (either path)."""
         if self.distributed is not None:
             values = self.distributed.agree(step, values)  # the same decision on every rank
         found = self.monitors.update(step, values)
+        found += self.moe.update(step, router_stats)
+        found += self.loader.update(step, values.get("data_time_s"), values.get("step_time_s"))
         decision = self._decide(step, found) if found else Decision(step)
         decision.values = values
         self._log(step, values, decision)
@@ -244,6 +284,9 @@ class Guard:
         grad_norm: Any = None,
         tokens_per_s: float | None = None,
         model: Any = None,
+        *,
+        data_time_s: float | None = None,
+        step_time_s: float | None = None,
         **metrics: Any,
     ) -> PendingStep:
         """Judge this step on the device; do the previous step's bookkeeping (guards/device.py).
@@ -278,6 +321,7 @@ class Guard:
         if grad_norm is None and model is not None:
             grad_norm = grad_norm_tensor(model)
         values = {"loss": loss, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, **metrics}
+        values |= self._phase_times(data_time_s, step_time_s)  # R605 as in `step` (host floats)
         ok, staged = judge(self, values)
         pending = PendingStep(step, ok, resolved)
         self._pending = (pending, staged)
@@ -430,13 +474,20 @@ class Guard:
     @contextlib.contextmanager
     def phase(self, name: str, step: int) -> Iterator[None]:
         """Mark a phase of the step (data, forward, backward, optimizer) for the straggler
-        timings; a collective that fails inside names the hung ranks and exits 3. Without
-        the distributed part: nothing."""
-        if self.distributed is None:
-            yield
-            return
-        with self.distributed.phase(name, step):
-            yield
+        timings; a collective that fails inside names the hung ranks and exits 3. The "data"
+        phase is timed in every loop, one process or many: its share of the step is watched
+        for loader stalls (R605, see `step`)."""
+        t0 = time.perf_counter()
+        try:
+            if self.distributed is None:
+                yield
+            else:
+                with self.distributed.phase(name, step):
+                    yield
+        finally:
+            if name == "data":  # R605 in any loop, one process or many
+                self._data_time += time.perf_counter() - t0
+                self._timed_data = True
 
     def end_step(
         self, step: int, model: Any = None, optimizer: Any = None, *, checkpoint_due: bool = False
@@ -482,6 +533,8 @@ class Guard:
         state = {
             "version": 1,
             "monitors": self.monitors.state_dict(),
+            "moe": self.moe.state_dict(),
+            "loader": self.loader.state_dict(),
             "rollbacks": self.rollbacks,
             "skipped": self.skipped,
             "recent_bad": list(self.recent_bad),
@@ -494,6 +547,7 @@ class Guard:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: restore the windows and the action counters."""
         self.monitors.load_state_dict(state.get("monitors", {}))
+        self._load_health(state)
         self.rollbacks = int(state.get("rollbacks", 0))
         self.skipped = int(state.get("skipped", 0))
         self.recent_bad = deque(int(s) for s in state.get("recent_bad", []))
@@ -511,7 +565,16 @@ class Guard:
             fresh.set_data_period(self._data_period())
             fresh.load_state_dict(checkpoint_state["monitors"])
             self.monitors = fresh
+            self._load_health(checkpoint_state)
         self.recent_bad.clear()
+
+    def _load_health(self, state: dict[str, Any]) -> None:
+        """The MoE and loader detectors' state (absent in checkpoints from before them)."""
+        self.moe = MoEHealthDetector(self.config)
+        self.moe.load_state_dict(state.get("moe", {}))
+        self.loader = LoaderStallDetector(self.config)
+        if "loader" in state:
+            self.loader.load_state_dict(state["loader"])
 
     def _data_period(self) -> float | None:
         from trainguard.monitors.oscillation import OscillationDetector

@@ -16,6 +16,9 @@ Faults:
 - `bitflip@N:exponent`  the same with the top exponent bit (bit 30): the weight becomes
                   ~1e37, the loss NaN or inf; loud, and the rerun tells hardware from data.
 - `slow@N`        step N and later sleep 0.2 s each (a straggler).
+- `slowdata@N`    the data phase of step N and later sleeps 0.5 s each (a stalled loader).
+- `collapse@N`    from step N on, every MoE layer routes every token to expert 0 (a collapsed
+                  router).
 
 Multi-process runs: a `/rR` suffix limits an item to rank R (`RANK` of torchrun), and items
 without one apply to every rank. Three faults are meant for one rank:
@@ -41,8 +44,9 @@ import torch
 from trainguard.errors import BadInputError
 
 ENV_VAR = "TRAINGUARD_INJECT"
-KNOWN = {"kill", "nan", "spike", "hang", "bitflip", "slow", "sleep"}
+KNOWN = {"kill", "nan", "spike", "hang", "bitflip", "slow", "sleep", "slowdata", "collapse"}
 SLEEP_S = 600.0  # `sleep@N`: long enough for any collective timeout to notice
+SLOW_DATA_S = 0.5  # `slowdata@N`: many times a tiny model's step, even on a loaded machine
 # float32 bits: 31 sign, 30-23 exponent, 22-0 mantissa. Bit 12 changes a weight by about
 # 2^-11 of itself (inside the loss noise); bit 30, the exponent's top bit, by a factor 2^128.
 MANTISSA_BIT, EXPONENT_BIT = 12, 30
@@ -57,6 +61,8 @@ class FaultPlan:
     bitflip_steps: dict[int, int] = field(default_factory=dict)
     """step -> the bit of the float32 weight flipped during that step (12 or 30)."""
     slow_from: int | None = None
+    slow_data_from: int | None = None
+    collapse_from: int | None = None
     # Rank-targeted faults (a `/rR` item on this process's rank): see the module docstring.
     replica_bitflip_steps: set[int] = field(default_factory=set)
     burn_from: int | None = None
@@ -108,6 +114,10 @@ class FaultPlan:
                 plan.bitflip_steps[step] = EXPONENT_BIT if phase == "exponent" else MANTISSA_BIT
             elif name == "slow":
                 plan.slow_from = step
+            elif name == "slowdata":
+                plan.slow_data_from = step
+            elif name == "collapse":
+                plan.collapse_from = step
         return plan
 
     @classmethod
@@ -120,6 +130,8 @@ class FaultPlan:
             bool(self.kills or self.nan_steps or self.spike_steps or self.hang_steps)
             or bool(self.bitflip_steps)
             or self.slow_from is not None
+            or self.slow_data_from is not None
+            or self.collapse_from is not None
             or bool(self.replica_bitflip_steps or self.sleep_steps)
             or self.burn_from is not None
         )
@@ -133,6 +145,8 @@ class FaultPlan:
                 time.sleep(1.0)
         if phase == "forward" and self.slow_from is not None and step >= self.slow_from:
             time.sleep(0.2)
+        if phase == "data" and self.slow_data_from is not None and step >= self.slow_data_from:
+            time.sleep(SLOW_DATA_S)
         if phase == "forward" and self.burn_from is not None and step >= self.burn_from:
             end = time.thread_time() + 0.2
             while time.thread_time() < end:  # busy: a slow chip, not an idle one
@@ -140,6 +154,14 @@ class FaultPlan:
         if phase == "forward" and step in self.sleep_steps and f"sleep@{step}" not in self.fired:
             self.fired.add(f"sleep@{step}")
             time.sleep(SLEEP_S)
+
+    def collapse_router(self, step: int, model: torch.nn.Module) -> None:
+        """`collapse@N`: from step N on, every MoE layer sends every token to expert 0."""
+        if self.collapse_from is None or step < self.collapse_from:
+            return
+        for module in model.modules():
+            if hasattr(module, "forced_expert"):
+                module.forced_expert = 0
 
     def corrupt_replica(self, step: int, model: torch.nn.Module) -> bool:
         """`bitflip@N/rR`: after step N's update, flip bit 12 of one weight's mantissa on this

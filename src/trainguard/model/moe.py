@@ -85,6 +85,10 @@ class MoEFeedForward(nn.Module):
         # router probability) leaks the future and exists for tests of `check-model`: set it
         # on a built layer, `layer.capacity_priority = "score"`.
         self.capacity_priority: Literal["position", "score"] = "position"
+        # A collapsed router, planted: every token's router probabilities become one-hot on
+        # this expert (the `collapse@N` fault of drills/faults.py; tests of the MoE health
+        # detectors). None, the default, routes normally.
+        self.forced_expert: int | None = None
         self.gate = nn.Linear(d_model, cfg.n_experts, bias=False)  # W_g: router logits
         self.experts = nn.ModuleList(ExpertMLP(d_model) for _ in range(cfg.n_experts))
         self.dropout = nn.Dropout(dropout)
@@ -103,13 +107,23 @@ class MoEFeedForward(nn.Module):
         `tokens_routed`: assignments the router asked for (tokens x top_k). `tokens_dropped`:
         those not computed: over capacity (token_choice), 0 (dropless), or for expert_choice
         the shortfall of tokens that fewer than top_k experts chose. `expert_counts`:
-        assignments each expert computed.
+        assignments each expert computed. `top_k`: the layer's assignments per token.
         """
-        values = self._stats.tolist()  # the one host sync, when someone asks
+        return self.stats_from_counts(self._stats.tolist())  # the one host sync, when asked
+
+    def router_counts(self) -> torch.Tensor:
+        """The raw counters `[tokens_routed, tokens_dropped, expert_counts...]` (int64, on the
+        layer's device), for a loop that reads them in its own host sync; `stats_from_counts`
+        turns the read values into `router_stats()`'s form."""
+        return self._stats
+
+    def stats_from_counts(self, values: list[float] | list[int]) -> dict[str, Any]:
+        """`router_stats()`'s dict from the values of `router_counts()`, plus `top_k`."""
         return {
             "tokens_routed": int(values[0]),
             "tokens_dropped": int(values[1]),
             "expert_counts": [int(v) for v in values[2:]],
+            "top_k": self.top_k,
         }
 
     def reset_router_stats(self) -> None:
@@ -137,6 +151,9 @@ class MoEFeedForward(nn.Module):
         # because a bf16 softmax over experts makes routing unstable.
         with torch.autocast(device_type=x.device.type, enabled=False):
             probs = F.softmax(F.linear(x_flat.float(), self.gate.weight.float()), dim=-1)  # (N, E)
+        if self.forced_expert is not None:
+            probs = F.one_hot(torch.full_like(probs[:, 0], self.forced_expert, dtype=torch.long),
+                              self.n_experts).to(probs.dtype)  # fmt: skip
         if self.router == "expert_choice":
             out, assigned = self._expert_choice(x_flat, probs, B, T)
         else:

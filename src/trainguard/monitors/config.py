@@ -56,3 +56,23 @@ class MonitorsConfig(BaseModel):
     """...for this many consecutive steps (single slow steps such as checkpoints are ignored)."""
     throughput_min_history: int = Field(10, ge=1)
     """Steps seen before throughput is scored (the first steps are slow: allocation, compile)."""
+    moe_drop_max: float = Field(0.2, ge=0.0, le=1.0)
+    """R601: an MoE layer dropping more than this share of its token-to-expert assignments..."""
+    moe_patience: int = Field(10, ge=1)
+    """...for this many steps in a row (also the patience of R603 collapse and R604 imbalance)."""
+    moe_dead_patience: int = Field(20, ge=1)
+    """R602: an expert that computes no token for this many steps in a row is dead."""
+    moe_collapse_share: float = Field(0.9, gt=0.0, le=1.0)
+    """R603: the router collapsed when its top_k busiest experts compute this share or more."""
+    moe_imbalance_span: int = Field(20, ge=1)
+    """R604: span of the EMA of a layer's imbalance (busiest share x n_experts; 1 balanced)."""
+    moe_imbalance_rise: float = Field(0.5, gt=0.0)
+    """R604: the smoothed imbalance rising more than this fraction above its lowest value..."""
+    moe_min_steps: int = Field(50, ge=0)
+    """...counted only after this many steps (a fresh router's first steps settle first)."""
+    loader_share: float = Field(0.4, gt=0.0, le=1.0)
+    """R605: the data phase taking this share of the step's time or more (as the median of the
+    last `loader_window` steps) names the data loader as what slows training."""
+    loader_window: int = Field(10, ge=1)
+    """R605: steps of data-phase shares the median is taken over (one slow batch is not a
+    stall)."""

@@ -177,6 +177,7 @@ def render_html(info: dict[str, Any]) -> str:
             ("loss", _data_uri(plots.loss_plot(steps, evals, marks))),
             ("grad", _data_uri(grad)),
             ("throughput", _data_uri(tps)),
+            *((alt, _data_uri(png)) for alt, png in plots.health_plots(steps, marks)),
         ]
     findings = [
         {

@@ -220,3 +220,63 @@ def prediction_plot(band: dict[str, Any], evals: list[dict[str, Any]]) -> bytes:
     ax.legend(fontsize=8)
     ax.set_title(f"Scaling-law prediction ({band['params']:.3g} parameters)")
     return _png(fig)
+
+
+MOE_CODES = ("R601", "R602", "R603", "R604")
+
+
+def moe_figure(steps: list[dict[str, Any]], findings: list[dict[str, Any]] | None = None) -> Any:
+    """MoE router health (R601-R604): the busiest and idlest expert's load (share of its layer's
+    assignments x n_experts, worst layer; 1 is balanced, 0 a dead expert) on the left axis, the
+    worst layer's dropped share on the right; the MoE findings marked at their steps."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    own = [f for f in findings or [] if f.get("code") in MOE_CODES]
+    _curve(ax, steps, "moe_load_max", own, lw=0.8, color="C0", label="busiest expert load")
+    _curve(ax, steps, "moe_load_min", [], lw=0.8, color="C1", label="idlest expert load")
+    ax.axhline(1.0, color="grey", lw=0.6, ls=":")
+    ax.set_ylabel("load (1 = balanced)")
+    right = ax.twinx()
+    _curve(right, steps, "moe_drop_frac", [], lw=0.8, color="C3", label="dropped share")
+    right.set_ylabel("dropped share")
+    right.set_ylim(0, 1)
+    handles = ax.get_legend_handles_labels()
+    extra = right.get_legend_handles_labels()
+    ax.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=8)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.set_title("MoE routers")
+    return fig
+
+
+def data_share_figure(
+    steps: list[dict[str, Any]], findings: list[dict[str, Any]] | None = None
+) -> Any:
+    """The data phase's share of each step (`data_time_s / step_time_s`), R605 marked."""
+    rows = [
+        {"step": r["step"], "data_share": d / t}
+        for r in steps
+        if (d := _value(r.get("data_time_s"))) is not None
+        and (t := _value(r.get("step_time_s"))) is not None
+        and math.isfinite(d / t if t else math.nan)
+    ]
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    own = [f for f in findings or [] if f.get("code") == "R605"]
+    _curve(ax, rows, "data_share", own, lw=0.8, color="C4")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("share of the step")
+    ax.grid(alpha=0.3)
+    ax.set_title("Data phase (loader)")
+    return fig
+
+
+def health_plots(
+    steps: list[dict[str, Any]], findings: list[dict[str, Any]]
+) -> list[tuple[str, bytes]]:
+    """The MoE and data-phase plots, for the runs whose step rows have their columns."""
+    out = []
+    if any("moe_load_max" in r for r in steps):
+        out.append(("moe", _png(moe_figure(steps, findings))))
+    if any("data_time_s" in r for r in steps):
+        out.append(("data phase", _png(data_share_figure(steps, findings))))
+    return out

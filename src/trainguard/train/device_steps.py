@@ -30,20 +30,27 @@ class DeviceSteps:
         self.session = session
         self.held: dict[int, dict[str, Any]] = {}  # step -> its metrics row, values to come
         self._last_start: float | None = None
+        self.interval = 0.0  # seconds between the last two step starts: the step's time
 
     def tokens_per_s(self, tokens: int, t0: float) -> float:
         """Tokens over the time between consecutive step starts. The host waits for the device
         a step late, so in steady state this is the device's pace; the time to queue one step's
         kernels (what `t0` to now measures here) is not."""
         last, self._last_start = self._last_start, t0
-        return tokens / max((t0 - last) if last is not None else time.perf_counter() - t0, 1e-9)
+        self.interval = max((t0 - last) if last is not None else time.perf_counter() - t0, 1e-9)
+        return tokens / self.interval
 
     def judge(
         self, step: int, out: StepResult, tokens_per_s: float, positions: StepPositions
     ) -> PendingStep | None:
         """This step judged on the device, the previous one settled; None after a rollback."""
         pending = self.session.guard.step_async(
-            step, loss=out.loss, grad_norm=out.grad_norm, tokens_per_s=tokens_per_s
+            step,
+            loss=out.loss,
+            grad_norm=out.grad_norm,
+            tokens_per_s=tokens_per_s,
+            data_time_s=out.data_time_s,  # R605; the MoE counters are not read on this path
+            step_time_s=self.interval,
         )
         if pending.resolved is not None and not self.settle(pending.resolved, positions):
             return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,10 @@ class StepResult:
     ids: np.ndarray
     position: int = -1
     """The global position in the elastic order the batch starts at (`trainguard batch`)."""
+    data_time_s: float = 0.0
+    """Seconds in the data phase: choosing the sample ids and reading every micro-batch."""
+    router_stats: dict[str, dict] | None = None
+    """Each MoE layer's router counts for this step (all ranks summed); None when dense."""
 
 
 @dataclass
@@ -94,6 +99,12 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         # The recipe's cosine unless a resume extended it (train/schedule.py).
         self.schedule = schedule or LrSchedule.planned(t.warmup_steps, t.min_lr_ratio, t.max_steps)
+        # MoE layers whose counters the step reads in its one host sync (model/moe.py).
+        self.routers = [
+            (name, m)
+            for name, m in model.named_modules()
+            if callable(getattr(m, "router_counts", None))
+        ]
 
     def _phase(self, name: str, step: int) -> None:
         self.on_phase(name, step)
@@ -113,17 +124,24 @@ class Trainer:
         guard's device path.
         """
         t = self.recipe.train
+        self.faults.collapse_router(step, self.model)
+        for _, router in self.routers:
+            router.reset_router_stats()  # count this step's forwards only (not evals, reruns)
+        data_t0 = time.perf_counter()
         self._phase("data", step)
         ids = self.order.sample_ids(position, self.global_batch)  # (G,) global, rank-independent
+        data_time = time.perf_counter() - data_t0
         micro = t.batch_size
         local = micro // self.world.size  # this rank's share of each micro-batch
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
         for k in range(t.grad_accum):
             micro_ids = ids[k * micro : (k + 1) * micro]
+            data_t0 = time.perf_counter()
             x, y = self._micro_batch(
                 self.train_data, micro_ids[self.world.rank * local : (self.world.rank + 1) * local]
             )
+            data_time += time.perf_counter() - data_t0
             last = k == t.grad_accum - 1
             # DDP all-reduces gradients only on the last micro-batch of the step.
             sync = (
@@ -144,11 +162,43 @@ class Trainer:
         clip = t.grad_clip if t.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         mean_loss = self.world.all_reduce_mean(loss_sum / t.grad_accum)
-        if not on_host:
-            return StepResult(mean_loss, grad_norm, batch_hash(ids), ids, position)
-        # One deliberate host sync per step: the guards need both numbers.
-        stats = torch.stack([mean_loss, grad_norm.to(mean_loss.dtype)]).tolist()
-        return StepResult(stats[0], stats[1], batch_hash(ids), ids, position)
+        if not on_host:  # the device path: the MoE counters stay unread (see README)
+            return StepResult(mean_loss, grad_norm, batch_hash(ids), ids, position, data_time)
+        counts = self._router_counts()
+        # One deliberate host sync per step: the guards need both numbers (and the MoE
+        # counters, read with them; float64 holds both exactly).
+        values = torch.stack([mean_loss, grad_norm.to(mean_loss.dtype)]).double()
+        if counts is not None:
+            values = torch.cat([values, counts.to(values.device, torch.float64)])
+        stats = values.tolist()
+        return StepResult(
+            loss=stats[0],
+            grad_norm=stats[1],
+            batch_hash=batch_hash(ids),
+            ids=ids,
+            position=position,
+            data_time_s=data_time,
+            router_stats=self._router_stats(stats[2:]) if counts is not None else None,
+        )
+
+    def _router_counts(self) -> torch.Tensor | None:
+        """Every MoE layer's counters in one tensor, summed over the ranks (so that every rank
+        judges the same numbers); no host sync."""
+        if not self.routers:
+            return None
+        counts = torch.cat([router.router_counts() for _, router in self.routers])
+        if self.world.size > 1:
+            counts = counts.clone()
+            torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM)
+        return counts
+
+    def _router_stats(self, values: list[float]) -> dict[str, dict]:
+        out, start = {}, 0
+        for name, router in self.routers:
+            n = router.router_counts().numel()
+            out[name] = router.stats_from_counts(values[start : start + n])
+            start += n
+        return out
 
     def apply_update(self, step: int, pending: PendingStep | None = None) -> float:
         """Set step `step`'s (1-based) learning rates and apply the update; with `pending`

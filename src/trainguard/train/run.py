@@ -23,6 +23,7 @@ from trainguard.findings import Finding
 from trainguard.guard import Decision, Guard
 from trainguard.metrics.sinks import open_run_sinks
 from trainguard.model.gpt import GPT
+from trainguard.monitors.moe import router_summary
 from trainguard.monitors.watchdog import Watchdog
 from trainguard.train import rundir
 from trainguard.train.actions import StepPositions, next_position, rerun_to_classify, rollback
@@ -325,13 +326,20 @@ class RunSession:
                 out = self.multi.guarded(
                     step, self.trainer.forward_backward, step, position, lagged is None
                 )
+                compute_s = time.perf_counter() - t0  # forward/backward, data phase included
                 done = step == t.max_steps
                 checkpoint_due = step % r.checkpoint.interval == 0 or done
                 eval_due = step % t.eval_interval == 0 or done
                 if lagged is None:
-                    tokens_per_s = tokens_per_step / (time.perf_counter() - t0)
+                    tokens_per_s = tokens_per_step / compute_s
                     decision = self.guard.step(
-                        step, loss=out.loss, grad_norm=out.grad_norm, tokens_per_s=tokens_per_s
+                        step,
+                        loss=out.loss,
+                        grad_norm=out.grad_norm,
+                        tokens_per_s=tokens_per_s,
+                        router_stats=out.router_stats,  # R601-R604 (MoE models)
+                        data_time_s=out.data_time_s,  # R605: the loader's share of the step
+                        step_time_s=compute_s,
                     )
                     if decision.rerun:
                         rerun_to_classify(self, decision, out, position)
@@ -379,6 +387,8 @@ class RunSession:
                             "batch_hash": out.batch_hash,
                             "position": out.position,  # the batch of this row: `batch --step`
                             "step_time_s": dt,
+                            "data_time_s": out.data_time_s,
+                            **(router_summary(out.router_stats) if out.router_stats else {}),
                             "time": time.time(),
                             "action": decision.action,
                         }
@@ -422,6 +432,7 @@ class RunSession:
             "batch_hash": out.batch_hash,
             "position": out.position,
             "step_time_s": time.perf_counter() - t0,
+            "data_time_s": out.data_time_s,
             "time": time.time(),
             "action": None,
         }
