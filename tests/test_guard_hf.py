@@ -299,6 +299,98 @@ def test_the_callback_alone_in_a_plain_trainer_is_refused(tmp_path: Path) -> Non
         trainer.train()
 
 
+# -- gradient accumulation -----------------------------------------------------------------------
+GA_NAN = 5  # the step whose second micro-batch holds a NaN sample
+
+
+class MicroLosses(GuardedTrainer):
+    """Records each micro-batch's loss as the Trainer has it (what `training_step` returns and
+    the Trainer adds up for its log: already divided by the accumulation, or by the step's
+    token count when the model takes `num_items_in_batch`); a batch holding a bad sample gets
+    a NaN loss."""
+
+    nan_ids: set[int]
+    micro: list[tuple[int, float]]
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        ids = set(inputs.pop("sample_id").tolist())
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return loss * math.nan if self.nan_ids & ids else loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        step = self.state.global_step
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.micro.append((step, loss.item()))
+        return loss
+
+
+class EveryStep(transformers.TrainerCallback):
+    """The parameters after every update (index = updates done)."""
+
+    def __init__(self) -> None:
+        self.params: dict[int, list] = {}
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.params[state.global_step] = [p.detach().clone() for p in model.parameters()]
+
+
+def test_gradient_accumulation_judges_the_step_loss_and_skips_the_whole_step(
+    tmp_path: Path,
+) -> None:
+    """gradient_accumulation_steps=2: the loss judged is the step's, the sum of its two
+    micro-batches' losses as the Trainer has them (each already a share of the step's mean),
+    the loss the Trainer itself logs for the step; a NaN in one micro-batch skips the whole
+    step (both micro-batches' gradients, no update)."""
+    from trainguard.metrics.jsonl import MetricsLog
+
+    steps = MetricsLog(tmp_path, "steps.jsonl")  # every judged step's metrics, as sent
+    guard = Guard(run_dir=tmp_path, config=WARMUP, sinks=[steps])
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=128, n_positions=16, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, logging_steps=1, save_strategy="no", report_to=[],
+        use_cpu=True, seed=0, learning_rate=1e-3, disable_tqdm=True, remove_unused_columns=False,
+    )  # fmt: skip
+    trainer = MicroLosses(
+        model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(), guard=guard
+    )
+    trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
+    every = EveryStep()
+    trainer.add_callback(every)
+    sampler = trainer._get_train_sampler()
+    assert sampler.global_batch_size == 8  # two micro-batches of 4 per optimizer step
+    trainer.nan_ids = {int(sampler.batch_ids(GA_NAN)[5])}  # in the second micro-batch
+    trainer.micro = []
+    with one_thread():
+        trainer.train()
+    guard.close()
+
+    rows = [json.loads(x) for x in steps.path.read_text().splitlines()]
+    judged = {r["step"]: float(r["loss"]) for r in rows if r["kind"] == "step"}  # "nan" too
+    logged = {h["step"] - 1: h["loss"] for h in trainer.state.log_history if "loss" in h}
+    micro: dict[int, list[float]] = {}
+    for step, loss in trainer.micro:
+        micro.setdefault(step, []).append(loss)
+    assert sorted(judged) == sorted(micro) == list(range(8))
+    assert all(len(losses) == 2 for losses in micro.values())  # both micro-batches of a step
+    for step in range(8):
+        if step == GA_NAN:
+            assert math.isnan(judged[step])
+            continue
+        assert judged[step] == pytest.approx(sum(micro[step]), rel=1e-6)  # not the last one's
+        assert judged[step] == pytest.approx(logged[step], abs=1e-4)  # the Trainer rounds
+        assert abs(judged[step] - 2 * micro[step][1]) > 1e-3  # the two shares differ
+    assert not math.isnan(micro[GA_NAN][0])  # the first micro-batch alone was clean
+    assert [(h["step"], h["action"]) for h in guard.history] == [(GA_NAN, "skip")]
+    assert same(every.params[GA_NAN], every.params[GA_NAN + 1])  # the whole step skipped
+    assert not same(every.params[GA_NAN - 1], every.params[GA_NAN])
+    assert all(p.isfinite().all() for p in every.params[8])
+
+
 # -- DDP: two gloo processes ---------------------------------------------------------------------
 CTX = multiprocessing.get_context("fork")
 FLIP_AT = 5  # rank 1's weights get one bit flipped after this update
