@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "bench_train_throughput": ["--steps", "10", "--rounds", "1"],
     "bench_distributed": ["--steps", "10", "--skip", "2", "--rounds", "1"],
     "bench_wave": ["--seeds", "5"],
+    "bench_restart": ["--rounds", "1"],
 }
 
 

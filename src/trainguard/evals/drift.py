@@ -15,8 +15,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from scipy import stats
-
 from trainguard.findings import Finding
 
 ACC_SUFFIXES = ("/acc", "/acc_norm", "/pass_rate")
@@ -24,6 +22,8 @@ ACC_SUFFIXES = ("/acc", "/acc_norm", "/pass_rate")
 
 def proportion_drop_pvalue(k_ref: int, n_ref: int, k_new: int, n_new: int) -> float:
     """P-value of H0 "the new accuracy is not lower" against a drop from k_ref/n_ref."""
+    from scipy import stats  # here: scipy.stats takes longer to import than a resumed step
+
     if n_ref <= 0 or n_new <= 0:
         return 1.0
     if min(k_ref, n_ref - k_ref, k_new, n_new - k_new) < 5:
@@ -39,6 +39,8 @@ def proportion_drop_pvalue(k_ref: int, n_ref: int, k_new: int, n_new: int) -> fl
 
 def mean_rise_pvalue(ref: float, se_ref: float, new: float, se_new: float) -> float:
     """P-value of H0 "the new value is not higher" (bits per byte: higher is worse)."""
+    from scipy import stats
+
     se = math.hypot(se_ref, se_new)
     if se == 0:
         return 1.0 if new <= ref else 0.0

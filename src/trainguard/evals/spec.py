@@ -229,3 +229,24 @@ def example_text(task: TaskSpec, row: dict[str, Any]) -> str:
     if task.type == "generation":
         return row["prompt"] + row["answer"]
     return row["text"]
+
+
+def spec_fingerprint(specs: list[str]) -> list[dict[str, Any]]:
+    """What the recipe's eval specs are made of, as checksums: each spec file and each task's
+    data file (a builtin task's rows come from the recipe's data, fingerprinted elsewhere).
+    Cached pre-flight results (`checks/preflight_cache.py`) are keyed by it. Raises
+    EvalSpecError as `load_spec` and `read_task_data` do."""
+    from trainguard.util.hashing import file_checksum
+
+    out = []
+    for name in specs:
+        spec = load_spec(name)
+        base = Path(spec.path).parent if spec.path else Path.cwd()
+        files = [spec.path] + [str((base / t.data).resolve()) for t in spec.tasks if t.data]
+        try:
+            out.append({"spec": name, "files": {f: file_checksum(f) for f in files if f}})
+        except OSError as e:
+            raise EvalSpecError(
+                f"eval spec {spec.path}: cannot read {e.filename}", "check the spec's data paths"
+            ) from None
+    return out

@@ -5,9 +5,9 @@ the first step. Findings go to the metric log and the report; an error stops the
 
 from __future__ import annotations
 
+import functools
 import itertools
-import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -95,6 +95,43 @@ CHECKS = {
 }
 
 
+def check_inputs(session: RunSession) -> dict[str, dict[str, Any] | None]:
+    """What each check reads, for the cache (`checks/preflight_cache.py`): the recipe (less the
+    keys a resume may change, which no check reads), and per check the data's fingerprint
+    (prepared tokens and tokenizer, the source's own fingerprint), the eval spec files, the
+    model's vocabulary and device. None: not cached (the eval specs cannot be read; the check
+    itself then reports why)."""
+    from trainguard.config.identity import flatten
+    from trainguard.config.load import RESUMABLE_KEYS
+    from trainguard.data.shards import data_identity
+
+    flat = flatten(session.recipe_dict)
+    recipe = {k: v for k, v in flat.items() if k not in RESUMABLE_KEYS}
+    manifest = session.data.manifest
+    data = {"identity": data_identity(manifest), "source": manifest.get("source_fingerprint")}
+    base = {"recipe": recipe, "data": data}
+    evals: dict[str, Any] | None = {**base, "specs": None}
+    if session.evals.enabled:
+        from trainguard.errors import BadInputError
+        from trainguard.evals.spec import spec_fingerprint
+
+        try:
+            evals = {**base, "specs": spec_fingerprint(session.recipe.evals.specs)}
+        except BadInputError:
+            evals = None
+    return {
+        "model": {
+            "recipe": recipe,
+            "vocab_size": session.data.vocab_size,
+            "device": session.device.type,
+        },
+        "tokenizer": base,
+        "shuffle": base,
+        "evals": evals,
+        "contamination": evals,
+    }
+
+
 def doctor_findings(session: RunSession) -> tuple[list[Finding], dict]:
     """`trainguard doctor --quick` on every rank of the run, testing the run's own checkpoint
     folder; every rank gets the same findings (so all stop together on an error)."""
@@ -109,14 +146,17 @@ def doctor_findings(session: RunSession) -> tuple[list[Finding], dict]:
 
 
 def run_preflight(session: RunSession) -> tuple[list[Finding], dict[str, dict]]:
-    """Every pre-flight check on the session's model and data; returns findings and timings."""
-    findings: list[Finding] = []
-    details: dict[str, dict] = {}
+    """Every pre-flight check on the session's model and data; returns findings and details
+    (timings, whether each result came from the run dir's cache). A resume re-runs only the
+    checks whose inputs changed; rank 0 keeps the cache."""
+    from trainguard.checks.preflight_cache import PreflightCache
+
+    cache = PreflightCache.load(session.run_dir)
+    inputs = check_inputs(session)
+    checks = {name: (functools.partial(fn, session), inputs[name]) for name, fn in CHECKS.items()}
     # The checks draw random inputs; the run's own random stream must not notice them.
     with torch.random.fork_rng(devices=[]):
-        for name, check in CHECKS.items():
-            t0 = time.perf_counter()
-            found, info = check(session)
-            details[name] = {"seconds": time.perf_counter() - t0, "findings": len(found), **info}
-            findings += found
+        findings, details = cache.run(checks)
+    if session.is_main:
+        cache.save()
     return findings, details

@@ -5,7 +5,9 @@ and auto-resume -> evaluation -> report.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,8 +54,24 @@ def set_determinism(recipe: Recipe) -> None:
     """Same recipe and seed give bitwise the same weights on CPU (DESIGN.md, convention 9)."""
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    use_deterministic_algorithms()
     torch.manual_seed(recipe.train.seed)
+
+
+def use_deterministic_algorithms() -> None:
+    """`torch.use_deterministic_algorithms(True, warn_only=True)` without importing Inductor.
+
+    The torch function also sets Inductor's `deterministic` flag, and importing Inductor (with
+    dynamo) takes as long as `import torch` itself: a third of a restart. The run never
+    compiles, so the flag is set the way Inductor reads it when it is first imported (the
+    environment variable), or directly when something already imported it."""
+    if "torch._inductor.config" in sys.modules or not hasattr(
+        torch._C, "_set_deterministic_algorithms"
+    ):
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        return
+    os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
+    torch._C._set_deterministic_algorithms(True, warn_only=True)
 
 
 def build_model(recipe: Recipe, vocab_size: int, device: torch.device) -> GPT:

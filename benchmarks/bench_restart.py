@@ -1,0 +1,139 @@
+"""Restart to the first resumed step: `trainguard run` on a run dir with a checkpoint, timed from
+launch to the resumed step's row in metrics.jsonl, against a bare `import torch` plus loading
+the same checkpoint's files, in the same run.
+
+A run of the recipe is first trained to step N (`--set train.max_steps=N`, a checkpoint at the
+end); each round copies it and launches `python -m trainguard run RECIPE --set
+train.max_steps=N+1`, which resumes from step N and computes step N+1. The clock stops when
+step N+1's row is in metrics.jsonl; the process is then interrupted (the rest of a run, the final
+evaluation and the report, is not a restart's cost). Three variants:
+
+    resume          the run dir as a run leaves it (pre-flight results cached in it)
+    resume, cold    the same without RUN_DIR/preflight_cache.json: every pre-flight check runs
+                    (what a restart cost before the cache)
+    floor           `python -c "import torch"` + reading model.safetensors and optimizer.pt
+                    (weights_only) of the same checkpoint: the least any restart pays
+
+The machine (CPU model and flags, cores, load) is printed first.
+
+    python benchmarks/bench_restart.py [--recipe default] [--steps 1] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from machine import describe
+
+FLOOR = """
+import sys
+import torch
+from safetensors.torch import load_file
+folder = sys.argv[1]
+load_file(folder + "/model.safetensors")
+torch.load(folder + "/optimizer.pt", weights_only=True)
+"""
+
+
+def _cli(recipe: str, run_dir: Path, steps: int) -> list[str]:
+    return [sys.executable, "-m", "trainguard", "run", recipe, "--run-dir", str(run_dir)] + [
+        "--set",
+        f"train.max_steps={steps}",
+        "-q",
+    ]
+
+
+def _has_step(metrics: Path, step: int) -> bool:
+    try:
+        text = metrics.read_text(encoding="utf-8")
+    except OSError:
+        return False
+    for line in text.splitlines()[::-1]:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a row being written
+        if row.get("kind") == "step" and row.get("step") == step:
+            return True
+    return False
+
+
+def time_restart(recipe: str, run_dir: Path, step: int, timeout: float = 600) -> float:
+    """Seconds from launch to step `step`'s row; the process is then interrupted."""
+    metrics = run_dir / "metrics.jsonl"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        _cli(recipe, run_dir, step), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        while not _has_step(metrics, step):
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                raise SystemExit(f"the resumed run exited {proc.returncode}:\n{err[-3000:]}")
+            if time.perf_counter() - t0 > timeout:
+                raise SystemExit(f"no row for step {step} within {timeout:.0f} s")
+            time.sleep(0.01)
+        return time.perf_counter() - t0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def time_floor(checkpoint: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", FLOOR, str(checkpoint)], check=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="default")
+    parser.add_argument("--steps", type=int, default=1, help="steps trained before restarting")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(describe())
+    n = args.steps
+    with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
+        base = Path(tmp) / "trained"
+        t0 = time.perf_counter()
+        subprocess.run(_cli(args.recipe, base, n), check=True, stdout=subprocess.DEVNULL)
+        print(f"trained {args.recipe} to step {n} in {time.perf_counter() - t0:.1f} s")
+        checkpoint = base / "checkpoints" / f"step-{n}"
+        if not (checkpoint / "model.safetensors").exists():
+            raise SystemExit(f"no checkpoint at {checkpoint}: is {n} a checkpoint step?")
+        times: dict[str, list[float]] = {"resume": [], "resume, cold": [], "floor": []}
+        for i in range(args.rounds):
+            for variant in ("resume", "resume, cold"):
+                run_dir = Path(tmp) / f"round-{i}-{variant.replace(', ', '-')}"
+                shutil.copytree(base, run_dir)
+                if variant == "resume, cold":
+                    (run_dir / "preflight_cache.json").unlink()
+                times[variant].append(time_restart(args.recipe, run_dir, n + 1))
+                shutil.rmtree(run_dir)
+            times["floor"].append(time_floor(checkpoint))
+    floor = statistics.median(times["floor"])
+    print(f"\nrecipe {args.recipe}, restart from step {n}, {args.rounds} rounds (median, min)")
+    print(f"{'variant':14s} {'median s':>9s} {'min s':>7s} {'vs floor':>9s}")
+    for name, values in times.items():
+        med = statistics.median(values)
+        print(f"{name:14s} {med:9.2f} {min(values):7.2f} {med / floor:8.2f}x")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
