@@ -44,8 +44,13 @@ setup-dev: $(STAMP)-dev
 demo: setup
 	$(BIN)/trainguard run default
 
+# Two pytest-xdist workers (pytest's tmp_path is per worker; tests take ports from the OS).
+# The timing-based tests (stragglers, hangs, watchdogs, doctor) share xdist_group("timing-serial")
+# and so run one after the other on one worker (`--dist loadgroup` in pyproject.toml).
+TEST_WORKERS ?= 2
+
 test: setup-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 lint: setup-dev
 	$(BIN)/ruff check .
