@@ -299,6 +299,42 @@ def test_the_callback_alone_in_a_plain_trainer_is_refused(tmp_path: Path) -> Non
         trainer.train()
 
 
+# -- retention: save_total_limit -----------------------------------------------------------------
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+class CorruptAt(transformers.TrainerCallback):
+    """Flips one byte of `checkpoint-N/model.safetensors` once `at` updates are done."""
+
+    def __init__(self, out: Path, name: str, at: int) -> None:
+        self.path, self.at = out / name / "model.safetensors", at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.at:
+            _flip_byte(self.path)
+
+
+def test_save_total_limit_quarantines_a_folder_that_fails_verification(tmp_path: Path) -> None:
+    """The rotation lets checkpoint-2 go at the save of 6 and checkpoint-4 at 8: the corrupt
+    checkpoint-2 is moved to quarantine/ (C101, C112), the sound checkpoint-4 is deleted."""
+    trainer = make_trainer(tmp_path, max_steps=8, save_steps=2, save_total_limit=2)
+    trainer.add_callback(CorruptAt(tmp_path, "checkpoint-2", at=3))
+    with one_thread():
+        trainer.train()
+    trainer.guard.close()
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-6", "checkpoint-8"]
+    kept = tmp_path / "quarantine" / "checkpoint-2"
+    assert sorted(p.name for p in (tmp_path / "quarantine").iterdir()) == ["checkpoint-2"]
+    assert (kept / "manifest.json").exists()  # the evidence, whole
+    rows = [json.loads(x) for x in (tmp_path / "guard.jsonl").read_text().splitlines()]
+    found = [(r["code"], r["step"]) for r in rows if r.get("code", "").startswith("C")]
+    assert found == [("C101", 2), ("C112", 2)]
+    assert [(f.code, f.step) for f in trainer.checkpoint_findings] == found
+
+
 # -- gradient accumulation -----------------------------------------------------------------------
 GA_NAN = 5  # the step whose second micro-batch holds a NaN sample
 

@@ -284,6 +284,46 @@ def test_layouts_that_cannot_resume_are_refused(tmp_path: Path) -> None:
         trainer.fit(TinyLM(set(), set()), DataLoader(Tokens(), sampler=sized, batch_size=4))
 
 
+class CorruptAt(L.Callback):
+    """Flips one byte of `step-N/checkpoint.ckpt` once `at` updates are done."""
+
+    def __init__(self, path: Path, at: int) -> None:
+        self.path, self.at = path, at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.at:
+            data = bytearray(self.path.read_bytes())
+            data[len(data) // 2] ^= 0x10
+            self.path.write_bytes(bytes(data))
+
+
+def test_top_k_quarantines_a_folder_that_fails_verification(tmp_path: Path) -> None:
+    """save_top_k=1: the save of step 4 lets step-2 go, the save of 6 lets step-4 go. The
+    corrupt step-2 is moved to quarantine/ (C101, C112); the sound step-4 is deleted."""
+    dataset = Tokens()
+    sampler = ElasticSampler(len(dataset), global_batch_size=BATCH, seed=0)
+    guard = Guard(run_dir=tmp_path, config=WARMUP)
+    ckpt = tmp_path / "ckpt"
+    trainer = L.Trainer(
+        max_steps=6, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu", devices=1,
+        callbacks=[TrainguardLightningCallback(sampler, guard=guard),
+                   CorruptAt(ckpt / "step-2" / "checkpoint.ckpt", at=3),
+                   VerifiedModelCheckpoint(ckpt, every_n_train_steps=2, save_top_k=1)],
+    )  # fmt: skip
+    fit(trainer, TinyLM(set(), set()), train_dataloaders=DataLoader(dataset, sampler=sampler,
+                                                                    batch_size=BATCH))  # fmt: skip
+    guard.close()
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-6"]
+    assert sorted(p.name for p in (ckpt / "quarantine").iterdir()) == ["step-2"]
+    assert (ckpt / "quarantine" / "step-2" / "manifest.json").exists()  # the evidence, whole
+    rows = [json.loads(x) for x in (tmp_path / "guard.jsonl").read_text().splitlines()]
+    assert [(r["code"], r["step"]) for r in rows if r["code"][0] == "C"] == [
+        ("C101", 2),
+        ("C112", 2),
+    ]
+
+
 # -- the device path (guards.decide_on="device": what CUDA gets by default) -----------------------
 DEVICE = WARMUP.model_copy(update={"decide_on": "device"})
 

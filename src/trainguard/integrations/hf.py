@@ -13,7 +13,10 @@ override point) sums the micro-batch losses of the optimizer step and, on its la
 (the gradients complete and, under DDP, all-reduced), scores that loss and the pre-clip gradient
 norm with `Guard.step` before the Trainer clips and steps. The callback, which the trainer
 installs itself, does what happens after the update: the distributed guards, no save after a
-rollback or halt decision, and each `checkpoint-N` saved with the guard's state and a manifest.
+rollback or halt decision, each `checkpoint-N` saved with the guard's state and a manifest, and
+the `save_total_limit` rotation after that commit, with every folder it lets go verified first
+(one that fails is moved to `quarantine/`, never deleted; the Trainer's own rotation, which
+deletes unverified, is suspended).
 
 Per optimizer step (counted from 0 like every trainguard step: the Trainer's `global_step`
 before the update):
@@ -69,6 +72,7 @@ from trainguard.integrations.hf_checkpoints import (
     commit_checkpoint,
     load_state_file,
     parse_checkpoint_dirname,
+    rotate_verified,
 )
 from trainguard.integrations.verified import verify_folder
 
@@ -207,6 +211,17 @@ class GuardedTrainerMixin:
             self.stop_decision = decision
             self.control.should_training_stop = True
 
+    # --- saves --------------------------------------------------------------------------------
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        # The Trainer's own rotation (save_total_limit) runs here, before the callback writes
+        # this folder's manifest, and deletes old folders unverified: suspended, and done by
+        # the callback after the commit (`rotate_verified`: what fails verification is kept).
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        finally:
+            self.args.save_total_limit = limit
+
     # --- train, resume, roll back -------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         """`Trainer.train`, resuming only from a checkpoint that verifies, and rolling back
@@ -339,6 +354,10 @@ class TrainguardCallback(TrainerCallback):
         if args.should_save:
             folder = Path(args.output_dir) / f"{PREFIX}{state.global_step}"
             commit_checkpoint(folder, state.global_step, t.guard, t._sampler())
+            rotated = rotate_verified(
+                args.output_dir, args.save_total_limit, state.best_model_checkpoint
+            )
+            t._report(rotated)  # folders kept in quarantine/ instead of deleted
         t.accelerator.wait_for_everyone()  # nobody reads the folder before it is committed
         t._mark_between_steps(control)  # the save is over: the next step's data phase
         return control

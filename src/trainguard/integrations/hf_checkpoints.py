@@ -4,17 +4,25 @@ After the Trainer has saved `checkpoint-N` (weights, optimizer, scheduler, RNG, 
 `commit_checkpoint` adds `trainguard_state.json` (the guard's detector windows and counters, the
 sampler's recorded skips) and then, last, the manifest (`integrations/verified.py`).
 `TrainerCheckpoints` is `Guard.rollback`'s checkpointer over those folders; the Trainer restores
-the rest when it resumes from the folder it found.
+the rest when it resumes from the folder it found. `rotate_verified` is the Trainer's
+`save_total_limit` rotation with every folder it lets go verified first.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 from trainguard.errors import CorruptError
-from trainguard.integrations.verified import commit_folder, newest_verified, quarantine_rejected
+from trainguard.findings import Finding
+from trainguard.integrations.verified import (
+    commit_folder,
+    newest_verified,
+    quarantine_if_invalid,
+    quarantine_rejected,
+)
 
 STATE_FILE = "trainguard_state.json"
 PREFIX = "checkpoint-"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR + "-"
@@ -33,6 +41,34 @@ def commit_checkpoint(folder: Path, step: int, guard: Any, sampler: Any) -> None
     saved = {"guard": guard.state_dict(), "sampler": sampler.state_dict()}
     (folder / STATE_FILE).write_text(json.dumps(saved), encoding="utf-8")
     commit_folder(folder, step, {"writer": "trainguard.integrations.hf"})
+
+
+def rotate_verified(output_dir: str | Path, limit: int | None, best: str | None) -> list[Finding]:
+    """The Trainer's `save_total_limit` rotation, after the newest folder is committed:
+    transformers' own rule (`trainer_utils.rotate_checkpoints`: the newest and the best folder
+    kept, the oldest let go first, ordered by mtime or step), but each folder let go is
+    verified first: deleted if it verifies, moved to quarantine/ if not (its findings and C112
+    returned). Call it from the process that saves."""
+    from transformers.trainer_utils import sort_checkpoints
+
+    if limit is None or limit <= 0:
+        return []
+    folders = sort_checkpoints(str(output_dir), PREFIX[:-1], use_mtime=True)
+    protected = set(folders[-1:]) | ({str(Path(best))} if best is not None else set())
+    remaining, keep = len(folders), max(limit, len(protected))
+    found: list[Finding] = []
+    for folder in folders:
+        if remaining <= keep:
+            break
+        step = parse_checkpoint_dirname(Path(folder).name)
+        if folder in protected or step is None:
+            continue
+        problems = quarantine_if_invalid(folder, step)
+        if not problems:
+            shutil.rmtree(folder)
+        found += problems
+        remaining -= 1
+    return found
 
 
 class TrainerCheckpoints:

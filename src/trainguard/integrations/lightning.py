@@ -58,6 +58,7 @@ from trainguard.integrations.verified import (
     Verified,
     commit_folder,
     newest_verified,
+    quarantine_if_invalid,
     quarantine_rejected,
 )
 
@@ -224,8 +225,10 @@ class TrainguardLightningCallback(Callback):
 class VerifiedModelCheckpoint(ModelCheckpoint):
     """A `ModelCheckpoint` whose every checkpoint is a verified folder:
     `dirpath/step-N/checkpoint.ckpt` and, written last, `dirpath/step-N/manifest.json`. It saves
-    nothing once the guard has decided a rollback or halt. `save_last` and `filename` are not
-    supported (the folder layout is fixed); other arguments are ModelCheckpoint's."""
+    nothing once the guard has decided a rollback or halt; a folder the top-k rule lets go is
+    verified first and, if it fails, moved to `dirpath/quarantine/` instead of deleted.
+    `save_last` and `filename` are not supported (the folder layout is fixed); other arguments
+    are ModelCheckpoint's."""
 
     def __init__(self, dirpath: str | Path, **kwargs: Any) -> None:
         for key in ("filename", "save_last", "auto_insert_metric_name"):
@@ -264,9 +267,19 @@ class VerifiedModelCheckpoint(ModelCheckpoint):
                 c.mark("data")
 
     def _remove_checkpoint(self, trainer: Any, filepath: str) -> None:
-        super()._remove_checkpoint(trainer, filepath)
-        if trainer.is_global_zero:  # the rest of the step folder the top-k rule let go
-            folder = Path(filepath).parent
+        """The top-k rule let this step folder go: deleted if it verifies, else quarantined
+        (nothing that fails verification is deleted: it is the evidence)."""
+        folder = Path(filepath).parent
+        if trainer.is_global_zero and folder.is_dir():
+            step = int(folder.name[len(PREFIX) :])  # this companion named it step-N
+            problems = quarantine_if_invalid(folder, step)
+            if problems:
+                for c in trainer.callbacks:
+                    if isinstance(c, TrainguardLightningCallback):
+                        c.guard.report(problems)
+                return
+        super()._remove_checkpoint(trainer, filepath)  # every rank; rank 0 deletes
+        if trainer.is_global_zero:  # the rest of the folder
             (folder / MANIFEST).unlink(missing_ok=True)
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()

@@ -7,7 +7,9 @@ checksum). The manifest is written last, atomically: a folder without one was ne
 (a crash mid-save) and is never resumed from. On resume, the newest folder that verifies is
 used; every newer one is reported (C101-C105) and moved to `<root>/quarantine/` (the evidence
 is kept, never deleted, and the framework's own scans and rotation no longer see it; C112),
-as trainguard's own checkpoint store does.
+as trainguard's own checkpoint store does. The frameworks' retention (Lightning's top-k, the
+Trainer's `save_total_limit`) goes through `quarantine_if_invalid` first: a folder it was about
+to delete that fails verification is moved to `quarantine/` instead.
 """
 
 from __future__ import annotations
@@ -103,3 +105,14 @@ def quarantine_rejected(verified: Verified) -> list[Finding]:
             )
         )
     return moved
+
+
+def quarantine_if_invalid(folder: str | Path, step: int) -> list[Finding]:
+    """Before retention deletes `folder`: verify it; if it fails, move it to quarantine/ and
+    return why (its findings and C112): the caller must not delete it. [] when it verifies (the
+    caller deletes it as usual). Call it from one process of the job."""
+    folder = Path(folder)
+    problems = verify_folder(folder, step)
+    if not problems:
+        return []
+    return problems + quarantine_rejected(Verified(rejected={folder: problems}))
