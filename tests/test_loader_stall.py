@@ -66,7 +66,9 @@ def test_guard_phase_times_the_data_phase_in_one_process() -> None:
     assert not r605(loop(trainguard.Guard(), data_sleep=0.0, compute_sleep=0.05))
 
 
-@pytest.mark.parametrize("decide_on", ["host", "device"])
+# The host path is the default run's representative; the device path's wiring (the step's time
+# between step starts) runs with the slow set.
+@pytest.mark.parametrize("decide_on", ["host", pytest.param("device", marks=pytest.mark.slow)])
 def test_run_with_a_slow_loader_names_the_loader(
     tmp_path: Path, small_corpus: Path, cache_dir: Path, decide_on: str
 ) -> None:

@@ -107,18 +107,46 @@ def test_guard_takes_router_stats_in_a_users_loop(tmp_path: Path) -> None:
     assert "R603" in logged
 
 
+def test_guard_device_path_reads_router_stats_at_read_back(tmp_path: Path) -> None:
+    """`step_async` (no host sync in the step) takes a function that reads the counts; it is
+    called when the step is read back, one step later, and the findings are the same."""
+    stats = layer_stats(OneLayer(), 12, forced_from=3)
+    config = trainguard.GuardsConfig(**FAST.model_dump(), decide_on="device")
+    host, device = trainguard.Guard(config=config), trainguard.Guard(config=config)
+    expected = [
+        (f.step, f.code)
+        for step, s in enumerate(stats)
+        for f in host.step(step, loss=2.0, grad_norm=1.0, router_stats=s).findings
+    ]
+    calls, got = [], []
+    for step, s in enumerate(stats):
+
+        def read(s=s, step=step):
+            calls.append(step)
+            return s
+
+        pending = device.step_async(step, loss=torch.tensor(2.0), grad_norm=1.0, router_stats=read)
+        assert calls == list(range(step))  # this step's counts are not read yet
+        if pending.resolved is not None:
+            got += [(f.step, f.code) for f in pending.resolved.findings]
+    got += [(f.step, f.code) for f in device.flush().findings]
+    assert got == expected and "R603" in {c for _, c in got}
+
+
 # --- trainguard run, end to end ---------------------------------------------------------------
 STEPS = 40
 
 
-def moe_run(tmp_path: Path, corpus: Path, cache: Path, inject: str = "") -> tuple[list, Path]:
+def moe_run(
+    tmp_path: Path, corpus: Path, cache: Path, inject: str = "", decide_on: str = "auto"
+) -> tuple[list, Path]:
     d = tiny_recipe_dict(corpus, cache)
     d["model"]["moe"] = {"router": "token_choice", "n_experts": 4, "top_k": 1}
     # A gentle schedule: at the tiny recipe's 3e-3 with 2 warm-up steps this router really
     # collapses for a while (R601/R603 rightly fire), which is no clean baseline.
     d["train"] |= {"max_steps": STEPS, "lr": 1e-3, "warmup_steps": 10, "eval_interval": STEPS}
     d["checkpoint"]["interval"] = STEPS
-    d["guards"] = {"moe_min_steps": 5}
+    d["guards"] = {"moe_min_steps": 5, "decide_on": decide_on}
     recipe = tmp_path / "moe.yaml"
     recipe.write_text(yaml.safe_dump(d))
     run_dir = tmp_path / "run"
@@ -129,10 +157,12 @@ def moe_run(tmp_path: Path, corpus: Path, cache: Path, inject: str = "") -> tupl
     return rows, run_dir
 
 
+# The device path (guards.decide_on=device: the counts read one step later) with the slow set.
+@pytest.mark.parametrize("decide_on", ["host", pytest.param("device", marks=pytest.mark.slow)])
 def test_run_with_a_collapsed_router_names_the_layers(
-    tmp_path: Path, small_corpus: Path, cache_dir: Path
+    tmp_path: Path, small_corpus: Path, cache_dir: Path, decide_on: str
 ) -> None:
-    rows, run_dir = moe_run(tmp_path, small_corpus, cache_dir, inject="collapse@10")
+    rows, run_dir = moe_run(tmp_path, small_corpus, cache_dir, "collapse@10", decide_on)
     found = [r for r in rows if r["kind"] == "finding" and r["code"] in MOE_CODES]
     assert {f["code"] for f in found} == MOE_CODES
     layers = {f["data"]["layer"] for f in found}

@@ -41,7 +41,7 @@ import re
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -171,6 +171,7 @@ class Guard:
         self._data_time = 0.0  # seconds in `phase("data")` since the last `step`
         self._timed_data = False
         self._last_step_at: float | None = None
+        self._pending_router: RouterStats | Callable[[], RouterStats] | None = None
         self.rollbacks = 0
         self.skipped = 0
         self.recent_bad: deque[int] = deque()
@@ -285,6 +286,7 @@ class Guard:
         tokens_per_s: float | None = None,
         model: Any = None,
         *,
+        router_stats: RouterStats | Callable[[], RouterStats] | None = None,
         data_time_s: float | None = None,
         step_time_s: float | None = None,
         **metrics: Any,
@@ -322,6 +324,9 @@ class Guard:
             grad_norm = grad_norm_tensor(model)
         values = {"loss": loss, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, **metrics}
         values |= self._phase_times(data_time_s, step_time_s)  # R605 as in `step` (host floats)
+        # R601-R604: the stats, or a function that reads them, called when the step is read back
+        # (`flush`), so that the step itself never waits for the device.
+        self._pending_router = router_stats
         ok, staged = judge(self, values)
         pending = PendingStep(step, ok, resolved)
         self._pending = (pending, staged)
@@ -336,7 +341,11 @@ class Guard:
         pending, staged = self._pending
         self._pending = None
         values, applied = staged.read()
-        decision = self._judge(pending.step, values)
+        router, self._pending_router = self._pending_router, None
+        router_stats = router() if callable(router) else router
+        if router_stats:
+            values |= router_summary(router_stats)
+        decision = self._judge(pending.step, values, router_stats)
         vetoed = any(
             f.code in DEVICE_CODES and self.actions.get(f.code, "apply") != "apply"
             for f in decision.findings

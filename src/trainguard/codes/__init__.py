@@ -8,7 +8,8 @@ Number ranges, so that parallel work never collides: M1xx model checks; N1xx num
 H1xx single-process hardware and environment, H2xx multi-process replicas and stragglers,
 H4xx `trainguard doctor` (H401-H430);
 R1xx in-run detectors, R2xx actions and watchdog, R3xx multi-process hangs,
-R4xx fire drills, R5xx reference curves (R501-R509); C1xx checkpoints,
+R4xx fire drills, R5xx reference curves (R501-R509), R601-R605 MoE router health and
+data-loader stalls (R619 a drill's blind spot); C1xx checkpoints,
 C2xx object storage; D1xx corpus and shards, D2xx dedup and filters, D3xx shuffle quality;
 T1xx tokenizer; E1xx evaluation and scaling.
 

@@ -12,6 +12,7 @@ settled, and how, is what the synchronous loop does with its own decision; only 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +21,8 @@ from trainguard.guard import Decision
 from trainguard.guards.device import PendingStep
 from trainguard.train.actions import StepPositions, rerun_to_classify, rollback
 from trainguard.train.loop import StepResult
+
+MOE_COLUMNS = ("moe_drop_frac", "moe_load_max", "moe_load_min")  # monitors.moe.router_summary
 
 if TYPE_CHECKING:
     from trainguard.train.run import RunSession
@@ -49,12 +52,19 @@ class DeviceSteps:
             loss=out.loss,
             grad_norm=out.grad_norm,
             tokens_per_s=tokens_per_s,
-            data_time_s=out.data_time_s,  # R605; the MoE counters are not read on this path
+            data_time_s=out.data_time_s,  # R605
             step_time_s=self.interval,
+            router_stats=self._router_reader(out),  # R601-R604, read with the step's values
         )
         if pending.resolved is not None and not self.settle(pending.resolved, positions):
             return None
         return pending
+
+    def _router_reader(self, out: StepResult) -> Callable[[], dict[str, dict]] | None:
+        counts, trainer = out.router_counts, self.session.trainer
+        if counts is None:
+            return None
+        return lambda: trainer.router_stats_from(counts.tolist())
 
     def hold(self, step: int, row: dict[str, Any]) -> None:
         """Step `step`'s metrics row, written when its decision is read back."""
@@ -85,6 +95,7 @@ class DeviceSteps:
             values = decision.values
             row |= {"loss": values.get("loss"), "grad_norm": values.get("grad_norm")}
             row |= {"action": decision.action}
+            row |= {k: values[k] for k in MOE_COLUMNS if k in values}
             if decision.action != "apply":
                 row["lr"] = 0.0
             if s.is_main:

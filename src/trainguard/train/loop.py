@@ -41,6 +41,9 @@ class StepResult:
     """Seconds in the data phase: choosing the sample ids and reading every micro-batch."""
     router_stats: dict[str, dict] | None = None
     """Each MoE layer's router counts for this step (all ranks summed); None when dense."""
+    router_counts: torch.Tensor | None = None
+    """The device path: the same counts unread, a snapshot on the device
+    (`Trainer.router_stats_from(router_counts.tolist())` once the step is read back)."""
 
 
 @dataclass
@@ -162,9 +165,12 @@ class Trainer:
         clip = t.grad_clip if t.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         mean_loss = self.world.all_reduce_mean(loss_sum / t.grad_accum)
-        if not on_host:  # the device path: the MoE counters stay unread (see README)
-            return StepResult(mean_loss, grad_norm, batch_hash(ids), ids, position, data_time)
         counts = self._router_counts()
+        if not on_host:  # the device path: the MoE counters are read with the step's values
+            snapshot = counts.clone() if counts is not None else None  # the next step resets
+            return StepResult(
+                mean_loss, grad_norm, batch_hash(ids), ids, position, data_time, None, snapshot
+            )
         # One deliberate host sync per step: the guards need both numbers (and the MoE
         # counters, read with them; float64 holds both exactly).
         values = torch.stack([mean_loss, grad_norm.to(mean_loss.dtype)]).double()
@@ -178,7 +184,7 @@ class Trainer:
             ids=ids,
             position=position,
             data_time_s=data_time,
-            router_stats=self._router_stats(stats[2:]) if counts is not None else None,
+            router_stats=self.router_stats_from(stats[2:]) if counts is not None else None,
         )
 
     def _router_counts(self) -> torch.Tensor | None:
@@ -192,7 +198,8 @@ class Trainer:
             torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.SUM)
         return counts
 
-    def _router_stats(self, values: list[float]) -> dict[str, dict]:
+    def router_stats_from(self, values: list[float]) -> dict[str, dict]:
+        """`{layer: router_stats}` from the read values of the step's router counters."""
         out, start = {}, 0
         for name, router in self.routers:
             n = router.router_counts().numel()
