@@ -3,6 +3,7 @@ and a shared prepared-data cache so that expensive preparation happens once per 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import sys
@@ -45,19 +46,53 @@ CORPUS_MODULES = ("json", "email", "html", "http", "urllib", "logging", "xml/dom
 
 
 @pytest.fixture(scope="session")
-def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("corpus")
+def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every pytest-xdist worker of this test run shares (the parent of the workers'
+    own base temp folders; the base temp folder itself without xdist). It is new for each
+    test run, so nothing is shared between runs or with other users of /tmp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def build_once(root: Path, name: str, build) -> Path:
+    """`root/name`, built by `build(folder)` in whichever worker gets here first (the others
+    wait on a lock, then reuse it): session fixtures cost once per run, not once per worker.
+    A failed build leaves nothing behind, so the next worker tries again and fails the same."""
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a failed attempt's leftovers
+            folder.mkdir()
+            try:
+                build(folder)  # in place: what it writes may record its own paths
+            except BaseException:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise
+            done.touch()
+    return folder
+
+
+def _copy_corpus(out: Path) -> None:
     for module in CORPUS_MODULES:
         for path in sorted((STDLIB / module).glob("*.py")):
             rel = path.relative_to(STDLIB)
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, out / rel)
-    return out
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
+def small_corpus(shared_root: Path) -> Path:
+    return build_once(shared_root, "corpus", _copy_corpus)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(shared_root: Path) -> Path:
+    """The prepared-data cache of the whole run: `prepare_data` locks a key while it builds
+    it, so workers preparing the same data at once build it once."""
+    out = shared_root / "cache"
+    out.mkdir(exist_ok=True)
+    return out
 
 
 @pytest.fixture
@@ -68,18 +103,17 @@ def tiny_recipe(tmp_path: Path, small_corpus: Path, cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def finished_tiny_run(
-    tmp_path_factory: pytest.TempPathFactory, small_corpus: Path, cache_dir: Path
-):
+def finished_tiny_run(shared_root: Path, small_corpus: Path, cache_dir: Path):
     """A completed 12-step tiny run (checkpoints at 4, 8, 12): copy it, never modify it."""
     from runhelpers import run_cli
 
-    base = tmp_path_factory.mktemp("finished")
-    recipe = base / "tiny.yaml"
-    recipe.write_text(yaml.safe_dump(tiny_recipe_dict(small_corpus, cache_dir)))
-    res = run_cli("run", str(recipe), "--run-dir", str(base / "run"), "-q")
-    assert res.returncode == 0, res.stderr
-    return base / "run"
+    def build(base: Path) -> None:
+        recipe = base / "tiny.yaml"
+        recipe.write_text(yaml.safe_dump(tiny_recipe_dict(small_corpus, cache_dir)))
+        res = run_cli("run", str(recipe), "--run-dir", str(base / "run"), "-q")
+        assert res.returncode == 0, res.stderr
+
+    return build_once(shared_root, "finished", build) / "run"
 
 
 @pytest.fixture

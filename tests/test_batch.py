@@ -35,6 +35,10 @@ _WORD_TEXT = (
     "willow tender gentle rapid bright careful eager humble narrow patient simple steady "
     "walks builds carries follows gathers holds keeps lifts moves opens reads shapes turns"
 )
+
+
+# under pytest-xdist the module's tests run on one worker, so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_batch")
 WORDS = tuple(_WORD_TEXT.split())
 MARKER = "<script>alert('planted')</script>"
 

@@ -30,6 +30,9 @@ from trainguard.checkpoint import CheckpointStore, RetryPolicy  # noqa: E402
 from trainguard.errors import BadInputError, StorageError  # noqa: E402
 from trainguard.util.hashing import bytes_checksum  # noqa: E402
 
+# under pytest-xdist the module's tests run on one worker, so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_checkpoint_s3")
+
 FAST = dict(base_delay_s=0.002, max_delay_s=0.01, stagger_s=0.0)
 
 

@@ -21,6 +21,9 @@ from trainguard.config.schema import DataConfig, TokenizerConfig
 from trainguard.data.order import ElasticOrder
 from trainguard.data.prepare import PreparedData, prepare_data
 
+# under pytest-xdist the module's tests run on one worker, so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_data_prepare_cli")
+
 runner = CliRunner()
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SEQ = 16

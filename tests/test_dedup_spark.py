@@ -21,6 +21,9 @@ from trainguard.dedup.local import dedup_file  # noqa: E402
 from trainguard.dedup.planted import planted_corpus  # noqa: E402
 from trainguard.dedup.spark import dedup_file_spark  # noqa: E402
 
+# one Spark session (the JVM starts once per worker): every Spark test on the same worker
+pytestmark = pytest.mark.xdist_group("spark")
+
 
 def corpus():
     p = planted_corpus(

@@ -24,6 +24,9 @@ import yaml
 
 from runhelpers import run_cli, tiny_recipe_dict
 
+# timing-based (stragglers, hangs, watchdogs, doctor): one after the other on one worker under xdist
+pytestmark = pytest.mark.xdist_group("timing-serial")
+
 # Checks every 2 steps, so the clean runs below exercise them (and must stay quiet).
 CHECKS = [
     "--set",

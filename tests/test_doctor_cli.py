@@ -16,6 +16,9 @@ import yaml
 
 from s3_server import storage_options
 
+# timing-based (stragglers, hangs, watchdogs, doctor): one after the other on one worker under xdist
+pytestmark = pytest.mark.xdist_group("timing-serial")
+
 
 @pytest.mark.parametrize(
     ("args", "says"),

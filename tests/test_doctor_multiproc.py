@@ -4,7 +4,7 @@ and the clean round must be silent.
 
 Timing-based: the slow-rank rule compares the ranks' CPU times (a planted 3x against a 1.5x
 threshold; never an absolute time). These tests run serially under xdist (`xdist_group
-"doctor-serial"`, with `--dist loadgroup`, set in pyproject.toml) so that two doctor jobs do
+"timing-serial"`, with `--dist loadgroup`, set in pyproject.toml) so that two doctor jobs do
 not compete with each other for the 2 cores.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.xdist_group("doctor-serial")
+pytestmark = pytest.mark.xdist_group("timing-serial")
 
 HANG_TIMEOUT_S = 5  # how long the others wait for the rank that never joins
 

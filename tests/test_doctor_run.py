@@ -8,10 +8,14 @@ import json
 import socket
 from pathlib import Path
 
+import pytest
 import yaml
 
 from runhelpers import run_cli, tiny_recipe_dict
 from s3_server import storage_options
+
+# timing-based (stragglers, hangs, watchdogs, doctor): one after the other on one worker under xdist
+pytestmark = pytest.mark.xdist_group("timing-serial")
 
 
 def metric_rows(run_dir: Path) -> list[dict]:

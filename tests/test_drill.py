@@ -13,6 +13,9 @@ from trainguard.drills.matrix import DrillRow, verdict
 from trainguard.drills.multiproc_scenarios import MULTIPROC_DRILLS
 from trainguard.drills.scenarios import DRILLS
 
+# under pytest-xdist the module's tests run on one worker, so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_drill")
+
 STEPS = 36  # checkpoints every 6 steps; faults land at step 24 (spike history: 23 steps)
 INTERVAL, FAULT = STEPS // 6, 4 * (STEPS // 6)
 # The multi-process drills have their own module (tests/test_drill_multiproc.py).

@@ -16,6 +16,9 @@ from trainguard.drills.multiproc_scenarios import MULTIPROC_DRILLS, MultiProcRow
 from trainguard.drills.runner import DrillContext, DrillPlan
 from trainguard.drills.scenarios import DRILLS
 
+# timing-based (stragglers, hangs, watchdogs, doctor): one after the other on one worker under xdist
+pytestmark = pytest.mark.xdist_group("timing-serial")
+
 STEPS = 36  # checkpoints every 6 steps; faults land at step 24 (F) or 27 (F + I/2)
 INTERVAL, FAULT = STEPS // 6, 4 * (STEPS // 6)
 

@@ -20,6 +20,9 @@ from trainguard.evals.scoring import loglikelihoods
 from trainguard.evals.spec import EvalSpecError, load_spec
 from trainguard.model.gpt import GPT
 
+# under pytest-xdist the module's tests run on one worker, so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_evals")
+
 FACTS = "alice likes apples. bob likes bananas. carol likes cherries. dave likes dates."
 SEQ = 32
 

@@ -19,12 +19,16 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainguard import Checkpointer, ElasticSampler, Guard
 from trainguard.config.distributed import DistributedConfig
+
+# timing-based (stragglers, hangs, watchdogs, doctor): one after the other on one worker under xdist
+pytestmark = pytest.mark.xdist_group("timing-serial")
 
 CTX = multiprocessing.get_context("fork")
 

@@ -21,6 +21,9 @@ from trainguard.metrics.jsonl import MetricsLog, read_metrics
 from trainguard.metrics.sinks import MetricsFanout, MetricsSink
 from trainguard.monitors import synthetic as S
 
+# under pytest-xdist the module's tests run on one worker, so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_metrics_out")
+
 tb = pytest.importorskip("tensorboard")
 try:
     import wandb  # noqa: F401

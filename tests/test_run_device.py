@@ -18,6 +18,9 @@ from trainguard.config.load import validate_recipe
 from trainguard.drills.faults import FaultPlan
 from trainguard.train.run import run_recipe
 
+# under pytest-xdist the module's tests run on one worker, so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_run_device")
+
 FAULTS = "nan@5,spike@7,bitflip@10:exponent,nan@13,nan@14,nan@15"
 
 

@@ -72,6 +72,7 @@ def codes(payload: dict) -> list[str]:
 
 
 # --- the run-dir lock ------------------------------------------------------------------------
+@pytest.mark.xdist_group("timing-serial")  # a hang watchdog with a short floor
 def test_run_dir_lock_refuses_a_second_run_and_a_killed_holder_is_taken_over(
     tiny_recipe: Path, tiny_run_copy: Path
 ) -> None:
@@ -186,6 +187,7 @@ def test_run_json_bad_input_is_one_object_and_exit_2(
     assert not run_dir.exists()  # refused before anything was written
 
 
+@pytest.mark.xdist_group("timing-serial")  # a hang watchdog with a short floor
 def test_run_json_hang_is_one_object_and_exit_3(small_corpus: Path, cache_dir: Path, tmp_path):
     recipe = tiny_recipe_dict(small_corpus, cache_dir)
     recipe["guards"] = {"hang_floor_s": 2}

@@ -16,6 +16,9 @@ from trainguard.data.prepare import PreparedData, cache_key, default_cache_dir, 
 from trainguard.data.shards import compare_identity, data_identity, verify_dir
 from trainguard.errors import CorruptError, DataError, StorageError
 
+# under pytest-xdist the module's tests run on one worker, so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_shards")
+
 TOK = TokenizerConfig(vocab_size=300, min_frequency=2)
 
 

@@ -14,6 +14,9 @@ pytest.importorskip("pyspark")
 
 from trainguard.cli import app  # noqa: E402
 
+# one Spark session (the JVM starts once per worker): every Spark test on the same worker
+pytestmark = pytest.mark.xdist_group("spark")
+
 runner = CliRunner()
 
 

@@ -48,6 +48,10 @@ SCRIPT = textwrap.dedent(
 )
 
 
+# timing-based (stragglers, hangs, watchdogs, doctor): one after the other on one worker under xdist
+pytestmark = pytest.mark.xdist_group("timing-serial")
+
+
 def _run(tmp_path, mode):
     script = tmp_path / "loop.py"
     script.write_text(SCRIPT)
