@@ -1086,3 +1086,31 @@ def test_readonly_fault_really_refuses_writes(tmp_path: Path) -> None:
         (folder / "x").write_bytes(b"x")
     assert e.value.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
     (folder / "x").write_bytes(b"x")
+
+
+def test_scale_run_csv_on_a_full_disk_keeps_the_csv_whole(
+    tiny_recipe: Path, finished_tiny_run: Path, tmp_path: Path
+) -> None:
+    """`scale run --csv` whose append cannot be written (the disk is full once the CSV would
+    grow): exit 1 naming the CSV, its earlier rows byte-identical, no partial or temporary
+    file. A real gating run fills the cell first (the prepared data is cached by the finished
+    run); the CSV, padded with earlier rows, is larger than any file the cell writes, so only
+    the append hits `_disk_full`'s limit."""
+    csv_path = tmp_path / "runs.csv"
+    rows = "".join(f"old{i},1000,2000,3.0,{tmp_path}/old{i}\n" for i in range(40_000))
+    csv_path.write_text("name,params,tokens,loss,run_dir\n" + rows, encoding="utf-8")
+    before = csv_path.read_bytes()
+    out = tmp_path / "scale"
+    args = ["scale", "run", str(tiny_recipe), "--grid", "model.d_model=16", "--out", str(out)]
+    args += ["--csv", str(csv_path), "--set", "train.max_steps=2", "--set", "evals.max_examples=8"]
+    with _disk_full(limit=len(before)):
+        res = CliRunner().invoke(app, args)
+    output = " ".join(res.output.split())
+    assert res.exception is None or isinstance(res.exception, SystemExit), output
+    assert "Traceback" not in res.output, output
+    assert res.exit_code == 1, output
+    assert "cannot" in output.lower() and str(csv_path) in output, output
+    assert csv_path.read_bytes() == before  # the earlier rows, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.csv", "scale", "tiny.yaml"]
+    sizes = [p.stat().st_size for p in (out / "d_model=16").rglob("*") if p.is_file()]
+    assert (out / "d_model=16" / "metrics.jsonl").is_file() and max(sizes) < len(before)
