@@ -14,6 +14,9 @@ evaluation and the report, is not a restart's cost). Three variants:
     floor           `python -c "import torch"` + reading model.safetensors and optimizer.pt
                     (weights_only) of the same checkpoint: the least any restart pays
 
+Each is reported as wall seconds and as the CPU seconds the process used until then (user +
+system, from /proc on Linux): on a shared machine the CPU figure moves less.
+
 The machine (CPU model and flags, cores, load) is printed first.
 
     python benchmarks/bench_restart.py [--recipe default] [--steps 1] [--rounds 3]
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -68,8 +72,20 @@ def _has_step(metrics: Path, step: int) -> bool:
     return False
 
 
-def time_restart(recipe: str, run_dir: Path, step: int, timeout: float = 600) -> float:
-    """Seconds from launch to step `step`'s row; the process is then interrupted."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a live process has used (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_restart(
+    recipe: str, run_dir: Path, step: int, timeout: float = 600
+) -> tuple[float, float]:
+    """Seconds from launch to step `step`'s row, and the CPU seconds the process had used by
+    then (a figure a loaded machine changes less); the process is then interrupted."""
     metrics = run_dir / "metrics.jsonl"
     t0 = time.perf_counter()
     proc = subprocess.Popen(
@@ -83,7 +99,7 @@ def time_restart(recipe: str, run_dir: Path, step: int, timeout: float = 600) ->
             if time.perf_counter() - t0 > timeout:
                 raise SystemExit(f"no row for step {step} within {timeout:.0f} s")
             time.sleep(0.01)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, cpu_seconds(proc.pid)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -94,10 +110,13 @@ def time_restart(recipe: str, run_dir: Path, step: int, timeout: float = 600) ->
                 proc.wait()
 
 
-def time_floor(checkpoint: Path) -> float:
+def time_floor(checkpoint: Path) -> tuple[float, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", FLOOR, str(checkpoint)], check=True)
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -116,7 +135,11 @@ def main() -> None:
         checkpoint = base / "checkpoints" / f"step-{n}"
         if not (checkpoint / "model.safetensors").exists():
             raise SystemExit(f"no checkpoint at {checkpoint}: is {n} a checkpoint step?")
-        times: dict[str, list[float]] = {"resume": [], "resume, cold": [], "floor": []}
+        times: dict[str, list[tuple[float, float]]] = {
+            "resume": [],
+            "resume, cold": [],
+            "floor": [],
+        }
         for i in range(args.rounds):
             for variant in ("resume", "resume, cold"):
                 run_dir = Path(tmp) / f"round-{i}-{variant.replace(', ', '-')}"
@@ -126,12 +149,19 @@ def main() -> None:
                 times[variant].append(time_restart(args.recipe, run_dir, n + 1))
                 shutil.rmtree(run_dir)
             times["floor"].append(time_floor(checkpoint))
-    floor = statistics.median(times["floor"])
-    print(f"\nrecipe {args.recipe}, restart from step {n}, {args.rounds} rounds (median, min)")
-    print(f"{'variant':14s} {'median s':>9s} {'min s':>7s} {'vs floor':>9s}")
+    floor = statistics.median(w for w, _ in times["floor"])
+    floor_cpu = statistics.median(c for _, c in times["floor"])
+    print(f"\nrecipe {args.recipe}, restart from step {n}, {args.rounds} rounds (medians)")
+    head = ("variant", "wall s", "min s", "vs floor", "CPU s", "vs floor")
+    print("{:14s} {:>7s} {:>7s} {:>9s} {:>7s} {:>9s}".format(*head))
     for name, values in times.items():
-        med = statistics.median(values)
-        print(f"{name:14s} {med:9.2f} {min(values):7.2f} {med / floor:8.2f}x")
+        wall = statistics.median(w for w, _ in values)
+        cpu = statistics.median(c for _, c in values)
+        low = min(w for w, _ in values)
+        print(
+            f"{name:14s} {wall:7.2f} {low:7.2f} {wall / floor:8.2f}x {cpu:7.2f} "
+            f"{cpu / floor_cpu:8.2f}x"
+        )
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
