@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 import trainguard.data.prepare as prepare
 import trainguard.model.gpt as gpt
-import trainguard.train.loop as loop
 import trainguard.train.run as run_module
+import trainguard.train.schedule as schedule
 from runhelpers import run_cli, tiny_recipe_dict
 from trainguard.cli import app
 from trainguard.config.load import apply_override, validate_recipe
@@ -183,7 +183,7 @@ def test_planted_schedule_under_other_torch_leaves_the_band_with_the_drift_next_
     """Another torch version (no bitwise expectation: the band alone decides) and a
     learning-rate schedule stepped twice per step: R501 names the first step of departure and
     H101, listing the torch change, comes at that step."""
-    monkeypatch.setattr(loop, "lr_at", loop.lr_at)  # undone after the test
+    monkeypatch.setattr(schedule, "lr_at", schedule.lr_at)  # undone after the test
     planted.lr_schedule_2x()
     env = {**environment_fingerprint(), "torch": "9.9.9"}
     monkeypatch.setattr(run_module, "environment_fingerprint", lambda: dict(env))

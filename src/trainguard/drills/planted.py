@@ -73,14 +73,14 @@ def tokenizer_merge() -> None:
 
 
 def lr_schedule_2x() -> None:
-    import trainguard.train.loop as loop
+    import trainguard.train.schedule as schedule  # LrSchedule.factor calls its lr_at
 
-    real = loop.lr_at
+    real = schedule.lr_at
 
     def lr_at(step: int, peak: float, warmup: int, total: int, min_ratio: float) -> float:
         return real(min(2 * step, total), peak, warmup, total, min_ratio)
 
-    loop.lr_at = lr_at  # type: ignore[assignment]
+    schedule.lr_at = lr_at  # type: ignore[assignment]
 
 
 PLANTS: dict[str, Callable[[], None]] = {
