@@ -22,8 +22,8 @@ import numpy as np
 from machine import describe
 
 from trainguard.guard import Guard
-from trainguard.monitors import MonitorSet
 from trainguard.monitors import synthetic as S
+from trainguard.monitors.monitor_set import MonitorSet
 from trainguard.monitors.watchdog import Watchdog
 
 

@@ -18,7 +18,7 @@ import tempfile
 
 import torch
 
-from trainguard.guard import Guard, GuardsConfig
+from trainguard import Guard, GuardsConfig
 from trainguard.monitors.watchdog import Watchdog
 
 

@@ -10,10 +10,11 @@ from torch import nn
 
 import model_zoo
 from runhelpers import run_cli
-from trainguard.checks._model_runner import ModelCheckInputError, cut_points, extract_logits
+from trainguard.checks._model_runner import ModelCheckInputError, cut_points
 from trainguard.checks.model_checks import run_model_checks
 from trainguard.checks.model_target import ModelTargetError, load_model
 from trainguard.findings import Finding
+from trainguard.numerics.logits import ModelOutputError, extract_logits
 
 VOCAB = 50
 
@@ -145,7 +146,7 @@ def test_output_forms() -> None:
     assert extract_logits((x, None)) is x
     assert extract_logits({"logits": x}) is x
     assert extract_logits(model_zoo.CausalLMOutput(logits=x)) is x
-    with pytest.raises(ModelCheckInputError):
+    with pytest.raises(ModelOutputError, match="holds no logits tensor"):
         extract_logits("no logits here")
 
 

@@ -268,7 +268,8 @@ def test_unloadable_checkpoints_fall_back_naming_the_file(tmp_path: Path) -> Non
 def test_rollback_falls_back_past_a_pickled_optimizer_file(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from trainguard.guard import Decision, Guard
+    from trainguard.guard import Guard
+    from trainguard.guards.decision import Decision
     from trainguard.train.actions import StepPositions, rollback
     from trainguard.train.state import TrainerState, write_checkpoint_files
 

@@ -9,15 +9,15 @@ import pytest
 import torch
 import yaml
 
+from trainguard.config.evals import CanaryConfig, EvalsConfig
 from trainguard.config.schema import ModelConfig
 from trainguard.data.tokenizer import EOT, train_tokenizer
 from trainguard.errors import BadInputError
 from trainguard.evals.canaries import run_canaries
-from trainguard.evals.config import CanaryConfig, EvalsConfig, require_use_case_eval
 from trainguard.evals.drift import EvalDriftMonitor, proportion_drop_pvalue
 from trainguard.evals.runner import run_evals
 from trainguard.evals.scoring import loglikelihoods
-from trainguard.evals.spec import EvalSpecError, load_spec
+from trainguard.evals.spec import EvalSpecError, load_spec, require_use_case_eval
 from trainguard.model.gpt import GPT
 
 # under pytest-xdist the module's tests run on one worker, so its module fixture is built once

@@ -25,18 +25,19 @@ def test_eval_on_a_real_run_and_builtin_lints_clean(finished_tiny_run):
 def test_scale_run_real_grid(tiny_recipe, tmp_path):
     """Two real guarded runs (run_recipe) of different sizes, rows appended to the CSV."""
     from trainguard.scaling.grid import parse_grid, read_runs_csv, run_grid
+    from trainguard.train.run import run_recipe
+
+    def runner(recipe, run_dir):
+        return run_recipe(recipe, run_dir, progress=False)
 
     out = tmp_path / "scale"
     axes = parse_grid(["model.d_model=16,32"])
-    rows, findings = run_grid(
-        str(tiny_recipe), axes, out, out / "runs.csv", overrides=["train.max_steps=4"]
-    )
+    kw = {"runner": runner, "overrides": ["train.max_steps=4"]}
+    rows, findings = run_grid(str(tiny_recipe), axes, out, out / "runs.csv", **kw)
     assert findings == [] and len(rows) == 2
     n, d, loss = read_runs_csv(out / "runs.csv")
     assert n[0] < n[1] and d[0] == d[1] > 0 and (loss > 0).all()
     assert all((out / r["name"] / "metrics.jsonl").is_file() for r in rows)
     # Rerunning skips the finished cells.
-    again, _ = run_grid(
-        str(tiny_recipe), axes, out, out / "runs.csv", overrides=["train.max_steps=4"]
-    )
+    again, _ = run_grid(str(tiny_recipe), axes, out, out / "runs.csv", **kw)
     assert again == []

@@ -13,8 +13,10 @@ from pydantic import ValidationError
 
 from trainguard import guard as guard_mod
 from trainguard.errors import ConfigError, RunHalted
-from trainguard.guard import Guard, GuardsConfig, classify_rerun
+from trainguard.guard import Guard
 from trainguard.monitors import synthetic as S
+from trainguard.monitors.config import GuardsConfig
+from trainguard.monitors.rerun import classify_rerun
 
 
 @pytest.fixture(autouse=True)

@@ -36,8 +36,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from trainguard.config.distributed import DistributedConfig  # noqa: E402
 from trainguard.errors import ConfigError, CorruptError, RunHalted  # noqa: E402
-from trainguard.guard import Guard, GuardsConfig  # noqa: E402
+from trainguard.guard import Guard  # noqa: E402
 from trainguard.integrations.hf import GuardedTrainer, TrainguardCallback  # noqa: E402
+from trainguard.monitors.config import GuardsConfig  # noqa: E402
 
 # One worker builds this file's session runs under `-n N --dist loadgroup`.
 pytestmark = pytest.mark.xdist_group("hf-trainer")

@@ -32,12 +32,13 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from trainguard import ElasticSampler  # noqa: E402
 from trainguard.config.distributed import DistributedConfig  # noqa: E402
 from trainguard.errors import ConfigError, RunHalted  # noqa: E402
-from trainguard.guard import Guard, GuardsConfig  # noqa: E402
+from trainguard.guard import Guard  # noqa: E402
 from trainguard.integrations.lightning import (  # noqa: E402
     TrainguardLightningCallback,
     VerifiedModelCheckpoint,
     fit,
 )
+from trainguard.monitors.config import GuardsConfig  # noqa: E402
 
 # One worker builds this file's session runs under `-n N --dist loadgroup`.
 pytestmark = pytest.mark.xdist_group("lightning-trainer")

@@ -10,8 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from trainguard.monitors import MonitorsConfig, MonitorSet, find_wave, match_data_period
 from trainguard.monitors import synthetic as S
+from trainguard.monitors.config import MonitorsConfig
+from trainguard.monitors.monitor_set import MonitorSet
+from trainguard.monitors.oscillation import find_wave, match_data_period
 from trainguard.monitors.window import RollingWindow
 
 N = 2000

@@ -18,7 +18,8 @@ from trainguard import ElasticSampler
 from trainguard.checkpoint import CheckpointStore
 from trainguard.data.order import ElasticOrder, batch_hash
 from trainguard.errors import BadInputError
-from trainguard.guard import Decision, Guard
+from trainguard.guard import Guard
+from trainguard.guards.decision import Decision
 from trainguard.train.actions import StepPositions, next_position, rollback
 from trainguard.train.state import TrainerState, write_checkpoint_files
 

@@ -138,7 +138,7 @@ def test_timeout_is_learned_from_step_times(tmp_path):
 
 
 def test_from_guards_config(tmp_path):
-    from trainguard.guard import GuardsConfig
+    from trainguard.monitors.config import GuardsConfig
 
     wd = Watchdog.from_config(tmp_path, GuardsConfig(hang_floor_s=42.0, hang_window=4), rank=1)
     assert (wd.floor_s, wd.factor, wd.durations.maxlen, wd.rank) == (42.0, 5.0, 4, 1)
@@ -172,7 +172,8 @@ def test_watchdog_thread_fires_in_process(tmp_path):
 
 def test_resume_logs_each_earlier_hang_once(tmp_path):
     """What the relaunch adds to metrics.jsonl: the hangs in hang-*.json not logged yet."""
-    from trainguard.train.metrics import MetricsLog, unlogged_hang_reports
+    from trainguard.metrics.jsonl import MetricsLog
+    from trainguard.train.metrics import unlogged_hang_reports
 
     assert unlogged_hang_reports(tmp_path) == []
     first = Watchdog(tmp_path, floor_s=1.0, exit_process=False, rank=0)

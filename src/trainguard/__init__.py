@@ -11,8 +11,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Guard": "trainguard.guard",
-    "GuardsConfig": "trainguard.guard",
-    "Decision": "trainguard.guard",
+    "GuardsConfig": "trainguard.monitors.config",
+    "Decision": "trainguard.guards.decision",
     "DistributedGuards": "trainguard.guards.distributed",
     "ElasticSampler": "trainguard.data.sampler",
     "Watchdog": "trainguard.monitors.watchdog",

@@ -37,36 +37,32 @@ rollback), ranks stragglers (H202) and meets at the monitored barrier (R301: exi
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import Field, field_validator
+from typing import TYPE_CHECKING, Any
 
 import trainguard.codes.run  # noqa: F401  (registers the R codes the guard emits)
 from trainguard.errors import ConfigError
 from trainguard.findings import Finding
-from trainguard.guards.decision import ACTIONS, DEVICE_CODES, STRENGTH, Action, Decision
+from trainguard.guards.decision import DEVICE_CODES, STRENGTH, Decision
 from trainguard.guards.rollback import checkpointer_findings, restore
 from trainguard.metrics.jsonl import MetricsLog
 from trainguard.metrics.sinks import MetricsFanout, MetricsSink
-from trainguard.monitors.config import MonitorsConfig
+from trainguard.monitors.config import ACTIONS, Action, GuardsConfig
 from trainguard.monitors.loader import LoaderStallDetector
 from trainguard.monitors.moe import MoEHealthDetector, RouterStats, router_summary
 from trainguard.monitors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
 from trainguard.monitors.rerun import classify_rerun
 
-if TYPE_CHECKING:  # imported when a Guard is made distributed: torch.distributed, and
-    # config/ imports this module (GuardsConfig)
+if TYPE_CHECKING:  # imported when a Guard is made distributed (torch.distributed)
     from trainguard.config.distributed import DistributedConfig
     from trainguard.guards.device import PendingStep, Staged
     from trainguard.guards.distributed import DistributedGuards
 
-__all__ = ["Decision", "Guard", "GuardsConfig", "classify_rerun", "grad_norm_of"]
+__all__ = ["Guard", "grad_norm_of"]
 
 DEFAULT_ACTIONS: dict[str, Action] = {
     "R101": "skip",  # non-finite loss / grad norm
@@ -77,44 +73,6 @@ DEFAULT_ACTIONS: dict[str, Action] = {
     "R106": "apply",  # throughput drop: report only
     "R204": "rollback",  # repeated bad steps
 }
-
-
-class GuardsConfig(MonitorsConfig):
-    """The recipe's `guards` section: detector thresholds, actions, limits, the hang watchdog."""
-
-    enabled: bool = True
-    """Run the detectors and act on them. Off: every step is applied and nothing is checked."""
-    actions: dict[str, Action] = Field(default_factory=dict)
-    """Action per finding code, over the defaults R101/R102/R103 skip, R104 rollback,
-    R105/R106 apply, R204 rollback. Actions: apply, skip, rollback, halt."""
-    max_rollbacks: int = Field(3, ge=0)
-    """Rollbacks allowed in one run; one more halts it with R203."""
-    repeat_count: int = Field(3, ge=1)
-    """Skipped steps within `repeat_window` steps that escalate to R204 (a rollback)."""
-    repeat_window: int = Field(50, ge=1)
-    """Steps over which skipped steps are counted for `repeat_count`."""
-    rerun_on: list[str] = Field(default_factory=lambda: ["R101", "R102", "R103"])
-    """Codes whose finding asks the loop to rerun the step to classify hardware vs software."""
-    rerun_rtol: float = Field(0.0, ge=0.0)
-    """Relative tolerance of the rerun comparison; 0 assumes deterministic kernels (CPU)."""
-    hang_floor_s: float = Field(300.0, gt=0.0)
-    """The hang watchdog's timeout never goes below this many seconds."""
-    hang_factor: float = Field(5.0, ge=1.0)
-    """Hang timeout: the larger of the floor and this multiple of the median recent step time."""
-    hang_window: int = Field(32, ge=1)
-    """Recent step times the hang timeout is learned from."""
-    decide_on: Literal["auto", "device", "host"] = "auto"
-    """Where `trainguard run` decides a step's skip. device: on the accelerator, no host sync
-    in the step (`Guard.step_async`; findings and the metrics row come one step later); host:
-    `Guard.step`, one sync per step; auto: device on CUDA, host elsewhere."""
-
-    @field_validator("actions")
-    @classmethod
-    def _known_codes(cls, v: dict[str, Action]) -> dict[str, Action]:
-        for code in v:
-            if not re.fullmatch(r"R\d{3}", code):
-                raise ValueError(f"guards.actions key {code!r} is not a run code (R101..R299)")
-        return v
 
 
 def _to_float(x: Any) -> float | None:

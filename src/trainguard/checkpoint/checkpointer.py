@@ -40,10 +40,11 @@ from trainguard.checkpoint.resume import (
 from trainguard.checkpoint.retry import RetryPolicy
 from trainguard.checkpoint.rng import capture_rng
 from trainguard.checkpoint.sharded import ShardedIO, failure_text, is_sharded_module
-from trainguard.checkpoint.store import CheckpointStore, _is_url
+from trainguard.checkpoint.store import CheckpointStore
 from trainguard.errors import BadInputError, StorageError
 from trainguard.findings import Finding
 from trainguard.util.node_cache import NodeCache
+from trainguard.util.paths import is_remote
 
 log = logging.getLogger("trainguard.checkpoint")
 FORMAT = 1
@@ -88,7 +89,7 @@ class Checkpointer:
         self.layout: Layout = layout or FlatLayout()
         self.group = CheckpointGroup()
         node_cache, staging = None, None
-        if _is_url(self.root):
+        if is_remote(self.root):
             node_cache = NodeCache(cache_dir) if cache_dir is not None else NodeCache()
             # Uploads are staged beside the node cache, so a staged copy moves into it.
             staging = str(node_cache.root / ".staging")

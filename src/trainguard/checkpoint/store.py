@@ -37,10 +37,7 @@ from trainguard.errors import BadInputError, CorruptError, StorageError
 from trainguard.findings import Finding, has_errors
 from trainguard.util.fsurl import open_filesystem
 from trainguard.util.node_cache import NodeCache
-
-
-def _is_url(root: str) -> bool:
-    return "://" in root and not root.startswith("file://")
+from trainguard.util.paths import is_remote, local_path
 
 
 class CheckpointStore:
@@ -90,9 +87,8 @@ class CheckpointStore:
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[CheckpointInfo] | None = None
         self.backend: LocalBackend | RemoteBackend
-        if filesystem is None and not _is_url(self.root):
-            local = self.root[len("file://") :] if self.root.startswith("file://") else self.root
-            self.backend = LocalBackend(Path(local).expanduser(), on_phase)
+        if filesystem is None and not is_remote(self.root):
+            self.backend = LocalBackend(local_path(self.root), on_phase)
         else:
             if filesystem is not None:
                 fs, path = filesystem, filesystem._strip_protocol(self.root).rstrip("/")

@@ -17,9 +17,10 @@ import yaml
 from trainguard.checkpoint.folder import inspect_local_folder, read_manifest
 from trainguard.checkpoint.manifest import MANIFEST, UnsafeEntry, parse_step_dirname
 from trainguard.checkpoint.results import LoadedCheckpoint
-from trainguard.checkpoint.store import CheckpointStore, _is_url
+from trainguard.checkpoint.store import CheckpointStore
 from trainguard.errors import BadInputError
 from trainguard.findings import Finding, has_errors
+from trainguard.util.paths import is_remote, local_path
 
 RUN_RECIPE = "recipe.yaml"
 Usable = Callable[[LoadedCheckpoint], list[Finding]]
@@ -93,7 +94,7 @@ def open_checkpoint(
     if is_checkpoint_folder(target):
         return _single(target, usable)
     root = run_checkpoint_root(target)
-    if not _is_url(root) and not Path(root.removeprefix("file://")).is_dir():
+    if not is_remote(root) and not local_path(root).is_dir():
         raise BadInputError(
             f"{target} has no checkpoints ({root} does not exist)",
             "train the run first, or give a checkpoint folder (step-<N>/)",

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from trainguard.errors import BadInputError
+from trainguard.numerics.logits import extract_logits
 
 
 class ModelCheckInputError(BadInputError):
@@ -35,24 +36,6 @@ class CheckStats:
 
     def to_dict(self) -> dict[str, Any]:
         return {"forwards": self.forwards, "backwards": self.backwards, "seconds": self.seconds}
-
-
-def extract_logits(out: Any) -> torch.Tensor:
-    """Logits from a tensor, a tuple/list (first item), a dict or an object with `.logits`."""
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    if isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
-        return out["logits"]
-    logits = getattr(out, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    raise ModelCheckInputError(
-        f"the model returned {type(out).__name__}, which holds no logits tensor",
-        "return logits [B, T, V], a tuple whose first item is the logits, or an object with "
-        "a `.logits` attribute",
-    )
 
 
 class ModelState:

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainguard.checks._model_runner import ModelState, extract_logits
+from trainguard.checks._model_runner import ModelState
 from trainguard.findings import Finding
+from trainguard.numerics.logits import extract_logits
 from trainguard.numerics.reduction import dtype_of
 from trainguard.numerics.shadow import pattern_batches, shadow_run
 

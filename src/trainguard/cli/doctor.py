@@ -22,6 +22,7 @@ from rich.table import Table
 
 from trainguard.cli.common import console, emit, err_console, handle_errors
 from trainguard.errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK
+from trainguard.util.paths import is_remote
 
 # Set by `--nproc` for its workers: where rank 0 writes the report.
 RESULT_ENV = "TRAINGUARD_DOCTOR_RESULT"
@@ -46,9 +47,7 @@ def available_cores() -> int:
 def _check_storage_url(plan: Any) -> None:
     """A URL whose fsspec backend is missing is bad input (exit 2), found before launching.
     Reachability is the doctor's job (a finding), not the command line's."""
-    from trainguard.doctor.storage import is_url
-
-    if is_url(plan.checkpoint_dir):
+    if is_remote(plan.checkpoint_dir):
         from trainguard.util.fsurl import open_filesystem
 
         open_filesystem(plan.checkpoint_dir, plan.storage_options)

@@ -73,7 +73,7 @@ def eval_run(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Run the evals and canaries on a run dir or checkpoint; `eval PATH` is short for this."""
-    from trainguard.evals.config import EvalsConfig
+    from trainguard.config.evals import EvalsConfig
     from trainguard.evals.load import open_for_eval
     from trainguard.evals.runner import run_evals
     from trainguard.evals.spec import check_answers, load_spec

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -50,9 +51,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Gating runs over the grid; appends params,tokens,loss rows to the CSV."""
         from trainguard.scaling.grid import parse_grid, run_grid
+        from trainguard.train.run import run_recipe
+
+        def run_cell(cell_recipe: Any, run_dir: Path) -> Any:
+            return run_recipe(cell_recipe, run_dir, progress=False)
 
         csv_file = csv_path or out / "runs.csv"
-        rows, findings = run_grid(recipe, parse_grid(grid), out, csv_file, overrides=overrides)
+        rows, findings = run_grid(
+            recipe, parse_grid(grid), out, csv_file, runner=run_cell, overrides=overrides
+        )
         emit(findings, as_json, extra={"csv": str(csv_file), "rows": rows}, title="Scale run")
 
     @scale.command("fit")

@@ -17,7 +17,7 @@ from trainguard.findings import Finding, has_errors
 from trainguard.metrics.formats import ACCEPTED, follow_rows, read_rows
 from trainguard.metrics.logfile import LogState, normalise
 from trainguard.monitors.config import MonitorsConfig
-from trainguard.monitors.metrics_log import choose_metrics
+from trainguard.monitors.metric_names import choose_metrics
 from trainguard.monitors.monitor_set import MonitorSet
 
 

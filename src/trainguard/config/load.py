@@ -64,6 +64,19 @@ def read_recipe_yaml(
     return raw
 
 
+def read_run_recipe(run_dir: str | Path) -> dict[str, Any]:
+    """RUN_DIR/recipe.yaml (the recipe a run was started with) as a dict ({} when absent);
+    ConfigError (exit 2) when damaged. Read by `run` on resume and by `report`."""
+    path = Path(run_dir) / "recipe.yaml"
+    if not path.exists():
+        return {}
+    fix = (
+        f"restore {path} (trainguard wrote it when the run started), or start a new run "
+        "with --run-dir NEW_DIR"
+    )
+    return read_recipe_yaml(path, "the run's recipe", fix)
+
+
 def _read_recipe_file(name_or_path: str) -> tuple[dict[str, Any], str]:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():

@@ -11,9 +11,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainguard.config.distributed import DistributedConfig
-from trainguard.evals.config import EvalsConfig
-from trainguard.guard import GuardsConfig
+from trainguard.config.evals import EvalsConfig
 from trainguard.metrics.config import MetricsConfig
+from trainguard.monitors.config import GuardsConfig
 
 SEED_MAX = 2**63 - 1
 """Seeds are 0..2**63-1: what torch, numpy and Python's random all accept."""

@@ -22,12 +22,9 @@ import numpy as np
 import xxhash
 
 from trainguard.doctor.report import LocalResult, RankContext
+from trainguard.util.paths import is_remote, local_path
 
 _CHUNK = 1 << 20
-
-
-def is_url(root: str) -> bool:
-    return "://" in root and not root.startswith("file://")
 
 
 def with_deadline(fn: Callable[[], Any], seconds: float) -> Any:
@@ -111,11 +108,11 @@ def check_storage(ctx: RankContext) -> LocalResult:
     root = ctx.plan.checkpoint_dir
     data = _payload(ctx.sizes.storage_mib, ctx.who.rank)
     name = _probe_name(ctx)
-    if is_url(root):
+    if is_remote(root):
         where = root
         probe = lambda: probe_url(root, ctx.plan.storage_options, name, data)  # noqa: E731
     else:
-        folder = nearest_existing(Path(root.removeprefix("file://")))
+        folder = nearest_existing(local_path(root))
         where = str(folder)
         probe = lambda: probe_local(folder, name, data)  # noqa: E731
     out = LocalResult()

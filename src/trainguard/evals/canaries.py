@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from tokenizers import Tokenizer
 
-from trainguard.evals.config import CanaryConfig
+from trainguard.config.evals import CanaryConfig
 from trainguard.evals.scoring import bos_ids, greedy_generate
 from trainguard.findings import Finding
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from trainguard.evals.config import EvalsConfig
+from trainguard.config.evals import EvalsConfig
 from trainguard.evals.drift import EvalDriftMonitor
 from trainguard.evals.runner import run_evals
 from trainguard.findings import Finding

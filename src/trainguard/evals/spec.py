@@ -34,6 +34,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trainguard.config.evals import EvalsConfig
 from trainguard.errors import BadInputError
 from trainguard.util.inputs import read_text, require_file
 
@@ -250,3 +251,22 @@ def spec_fingerprint(specs: list[str]) -> list[dict[str, Any]]:
                 f"eval spec {spec.path}: cannot read {e.filename}", "check the spec's data paths"
             ) from None
     return out
+
+
+def require_use_case_eval(evals_cfg: EvalsConfig | None) -> None:
+    """Evaluation first: refuse a recipe whose evals include no use-case eval (E101).
+
+    Raises `BadInputError` (exit 2); `trainguard run --no-evals` skips this on purpose.
+    """
+    fix = (
+        "add a use-case eval to the recipe, e.g. `evals: {specs: [python_next_line]}` or a spec "
+        "file with `use_case: true`, or pass --no-evals to train without one on purpose"
+    )
+    if evals_cfg is None or not evals_cfg.specs:
+        raise BadInputError("E101: the recipe declares no evals (evaluation first)", fix)
+    if not any(load_spec(s).use_case for s in evals_cfg.specs):
+        raise BadInputError(
+            f"E101: none of the recipe's eval specs {evals_cfg.specs} is a use-case eval "
+            "(`use_case: true`)",
+            fix,
+        )

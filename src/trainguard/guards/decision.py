@@ -7,13 +7,11 @@ strongest action wins.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from trainguard.errors import RunHalted
 from trainguard.findings import Finding
+from trainguard.monitors.config import ACTIONS, Action
 
-Action = Literal["apply", "skip", "rollback", "halt"]
-ACTIONS: tuple[str, ...] = ("apply", "skip", "rollback", "halt")
 STRENGTH = {a: i for i, a in enumerate(ACTIONS)}
 # The codes `Guard.step_async` decides on the device: the only ones whose skip vetoes the
 # update of the very step they score (guards/device.py).

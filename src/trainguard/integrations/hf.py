@@ -63,7 +63,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from trainguard.data.sampler import ElasticSampler
 from trainguard.errors import BadInputError, ConfigError, CorruptError
-from trainguard.guard import Decision, Guard, grad_norm_of
+from trainguard.guard import Guard, grad_norm_of
+from trainguard.guards.decision import Decision
 from trainguard.guards.device import PendingStep
 from trainguard.guards.masked_step import MaskedUpdate
 from trainguard.integrations.hf_checkpoints import (

@@ -1,4 +1,8 @@
-"""Detector settings: windows and thresholds, one docstring each (shared by `watch` and `Guard`).
+"""Detector settings (`MonitorsConfig`, shared by `watch` and `Guard`) and the recipe's `guards`
+section (`GuardsConfig`: the detectors' settings, their actions, the hang watchdog).
+
+Pure pydantic on floor 1 (docs/architecture.md): loading a recipe imports neither the detectors
+nor the runtime `Guard`.
 
 The defaults are chosen to stay quiet on clean curves (power-law decay with warm-up, a cosine
 learning-rate schedule, Gaussian or heavy-tailed per-batch noise of a few percent) and to catch
@@ -7,7 +11,14 @@ the planted faults in tests/test_monitors*.py.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Action = Literal["apply", "skip", "rollback", "halt"]
+ACTIONS: tuple[str, ...] = ("apply", "skip", "rollback", "halt")
+"""What the loop does with a step's update, weakest first (`guards/decision.py`)."""
 
 
 class MonitorsConfig(BaseModel):
@@ -76,3 +87,41 @@ class MonitorsConfig(BaseModel):
     loader_window: int = Field(10, ge=1)
     """R605: steps of data-phase shares the median is taken over (one slow batch is not a
     stall)."""
+
+
+class GuardsConfig(MonitorsConfig):
+    """The recipe's `guards` section: detector thresholds, actions, limits, the hang watchdog."""
+
+    enabled: bool = True
+    """Run the detectors and act on them. Off: every step is applied and nothing is checked."""
+    actions: dict[str, Action] = Field(default_factory=dict)
+    """Action per finding code, over the defaults R101/R102/R103 skip, R104 rollback,
+    R105/R106 apply, R204 rollback. Actions: apply, skip, rollback, halt."""
+    max_rollbacks: int = Field(3, ge=0)
+    """Rollbacks allowed in one run; one more halts it with R203."""
+    repeat_count: int = Field(3, ge=1)
+    """Skipped steps within `repeat_window` steps that escalate to R204 (a rollback)."""
+    repeat_window: int = Field(50, ge=1)
+    """Steps over which skipped steps are counted for `repeat_count`."""
+    rerun_on: list[str] = Field(default_factory=lambda: ["R101", "R102", "R103"])
+    """Codes whose finding asks the loop to rerun the step to classify hardware vs software."""
+    rerun_rtol: float = Field(0.0, ge=0.0)
+    """Relative tolerance of the rerun comparison; 0 assumes deterministic kernels (CPU)."""
+    hang_floor_s: float = Field(300.0, gt=0.0)
+    """The hang watchdog's timeout never goes below this many seconds."""
+    hang_factor: float = Field(5.0, ge=1.0)
+    """Hang timeout: the larger of the floor and this multiple of the median recent step time."""
+    hang_window: int = Field(32, ge=1)
+    """Recent step times the hang timeout is learned from."""
+    decide_on: Literal["auto", "device", "host"] = "auto"
+    """Where `trainguard run` decides a step's skip. device: on the accelerator, no host sync
+    in the step (`Guard.step_async`; findings and the metrics row come one step later); host:
+    `Guard.step`, one sync per step; auto: device on CUDA, host elsewhere."""
+
+    @field_validator("actions")
+    @classmethod
+    def _known_codes(cls, v: dict[str, Action]) -> dict[str, Action]:
+        for code in v:
+            if not re.fullmatch(r"R\d{3}", code):
+                raise ValueError(f"guards.actions key {code!r} is not a run code (R101..R299)")
+        return v

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainguard.numerics.logits import extract_logits
 from trainguard.numerics.reduction import dtype_of
 
 LossFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
@@ -54,8 +55,6 @@ def growth_exponent(distances: Sequence[float]) -> float:
 
 def lm_loss(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy of a model mapping ids (B, T) to logits (B, T, V)."""
-    from trainguard.checks._model_runner import extract_logits
-
     logits = extract_logits(model(batch[:, :-1]))
     return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 

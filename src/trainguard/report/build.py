@@ -19,12 +19,13 @@ from trainguard.checkpoint.folder import inspect_local_folder
 from trainguard.checkpoint.local import scan_root
 from trainguard.checkpoint.manifest import step_dirname
 from trainguard.checkpoint.target import run_checkpoint_root
+from trainguard.config.load import read_run_recipe
 from trainguard.errors import BadInputError
 from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
 from trainguard.report import plots
 from trainguard.report.batch import BATCH_CODES, batch_command
-from trainguard.train.rundir import read_run_recipe
 from trainguard.util.atomic import atomic_paths
+from trainguard.util.paths import is_remote, local_path
 
 # Columns of "evals" rows that are bookkeeping, not metrics to plot.
 _EVALS_BOOKKEEPING = {"kind", "step", "eval_seconds"}
@@ -36,9 +37,9 @@ def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     """Every entry of a local checkpoint root: step folders verified in full (checksums
     included), anything else listed as ignored (C110). Never raises on what is in there."""
     root = run_checkpoint_root(run_dir)
-    if "://" in root and not root.startswith("file://"):
+    if is_remote(root):
         return []  # an object store: listing it is `trainguard eval`'s job, not the report's
-    root_path = Path(root.removeprefix("file://"))
+    root_path = local_path(root)
     steps, ignored = scan_root(root_path)
     rows = []
     for step in sorted(steps):

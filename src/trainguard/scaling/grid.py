@@ -1,8 +1,10 @@
 """`scale run`: gating runs over a grid of model sizes x token budgets, one CSV row each.
 
-Each cell is a normal guarded run (`run_recipe`) of the recipe with the cell's overrides, in its
-own run dir. Rows (name, params, tokens, loss, run_dir) are appended to the CSV as each cell
-finishes, so an interrupted grid keeps what it has; cells already in the CSV are skipped.
+Each cell is a normal guarded run of the recipe with the cell's overrides, in its own run dir.
+The runner is injected (the CLI passes `train.run.run_recipe`): scaling sits below the run in
+the layers (docs/architecture.md) and never imports it. Rows (name, params, tokens, loss,
+run_dir) are appended to the CSV as each cell finishes, so an interrupted grid keeps what it
+has; cells already in the CSV are skipped.
 """
 
 from __future__ import annotations
@@ -91,22 +93,17 @@ def append_row(csv_path: Path, row: dict[str, Any]) -> None:
     atomic_write_text(csv_path, old + buf.getvalue())
 
 
-def _default_runner(recipe: Any, run_dir: Path) -> Any:
-    from trainguard.train.run import run_recipe
-
-    return run_recipe(recipe, run_dir, progress=False)
-
-
 def run_grid(
     recipe: str,
     axes: list[tuple[str, list[Any]]],
     out_dir: str | Path,
     csv_path: str | Path,
     *,
+    runner: Runner,
     overrides: list[str] | None = None,
-    runner: Runner | None = None,
 ) -> tuple[list[dict[str, Any]], list[Finding]]:
-    """Run every cell not yet in the CSV; returns (rows written now, findings).
+    """Run every cell not yet in the CSV with `runner(recipe, run_dir)`; returns (rows written
+    now, findings).
 
     The output folder is locked for the whole grid (`OUT/.lock`): a second `scale run` on it
     exits 2 naming the holder."""
@@ -127,7 +124,7 @@ def run_grid(
     ]
     with FolderLock(out_dir, "trainguard scale run", flag="--out"):
         csv_path.parent.mkdir(parents=True, exist_ok=True)
-        return _run_cells(cells, recipes, out_dir, csv_path, runner or _default_runner)
+        return _run_cells(cells, recipes, out_dir, csv_path, runner)
 
 
 def _run_cells(

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from trainguard.errors import RunHalted
-from trainguard.guard import Decision
+from trainguard.guards.decision import Decision
 from trainguard.train.loop import StepResult
 from trainguard.train.restore import choose_checkpoint
 from trainguard.train.state_load import apply_checkpoint

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainguard.guard import Decision
+from trainguard.guards.decision import Decision
 from trainguard.guards.device import PendingStep
 from trainguard.train.actions import StepPositions, rerun_to_classify, rollback
 from trainguard.train.loop import StepResult

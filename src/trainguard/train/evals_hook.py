@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from trainguard.evals.config import require_use_case_eval
+from trainguard.evals.spec import require_use_case_eval
 from trainguard.findings import Finding
 from trainguard.train.reference_hook import RunReference
 

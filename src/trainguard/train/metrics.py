@@ -1,8 +1,7 @@
 """Live progress of a run, and the hang reports its log does not hold yet.
 
 The metric log itself (`MetricsLog`, `read_metrics`, `METRICS_FILE`) lives in the low module
-`trainguard.metrics.jsonl`, shared with `report` and `watch`; it is re-exported here so that
-existing imports keep working.
+`trainguard.metrics.jsonl`, shared with `report` and `watch`.
 """
 
 from __future__ import annotations
@@ -15,16 +14,8 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from trainguard.findings import Finding
-from trainguard.metrics.jsonl import METRICS_FILE, MetricsLog, read_metrics
+from trainguard.metrics.jsonl import read_metrics
 from trainguard.monitors.hang_report import read_hang_reports
-
-__all__ = [
-    "METRICS_FILE",
-    "MetricsLog",
-    "ProgressDisplay",
-    "read_metrics",
-    "unlogged_hang_reports",
-]
 
 
 class ProgressDisplay:

@@ -22,7 +22,7 @@ import yaml
 from trainguard.checkpoint.inventory import unloadable
 from trainguard.checkpoint.local import ATTIC, free_path
 from trainguard.checkpoint.results import LoadedCheckpoint
-from trainguard.checkpoint.store import CheckpointStore, _is_url
+from trainguard.checkpoint.store import CheckpointStore
 from trainguard.codes import get_code
 from trainguard.config.schema import Recipe
 from trainguard.errors import NoUsableCheckpoint
@@ -33,6 +33,7 @@ from trainguard.train.shared_store import checkpoint_root
 from trainguard.train.state import RECIPE_FILE
 from trainguard.train.state_load import CheckpointContent, UnloadableCheckpoint, read_checkpoint
 from trainguard.util.atomic import fsync_dir
+from trainguard.util.paths import is_remote
 from trainguard.util.runlock import LOCK_FILE
 
 # Never moved by --fresh: the run dir's lock (LOCK_FILE, held by the running command) and the
@@ -107,7 +108,7 @@ def start_fresh(recipe: Recipe, run_dir: Path) -> list[Finding]:
     moved = set_aside_run_dir(run_dir, stamp)
     where = [str(moved)] if moved else []
     root = checkpoint_root(recipe, run_dir)
-    local = None if _is_url(root) else Path(root.removeprefix("file://")).expanduser()
+    local = None if is_remote(root) else Path(root.removeprefix("file://")).expanduser()
     inside = local is not None and local.resolve().is_relative_to(run_dir.resolve())
     if not inside and (local is None or local.is_dir()):
         store = CheckpointStore(

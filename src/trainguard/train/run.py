@@ -22,7 +22,8 @@ from trainguard.data.shards import compare_identity, data_identity
 from trainguard.drills.faults import FaultPlan
 from trainguard.errors import PreflightFailed, RunHalted
 from trainguard.findings import Finding
-from trainguard.guard import Decision, Guard
+from trainguard.guard import Guard
+from trainguard.guards.decision import Decision
 from trainguard.metrics.sinks import open_run_sinks
 from trainguard.model.gpt import GPT
 from trainguard.monitors.moe import router_summary

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from trainguard.config.load import RESUMABLE_KEYS, read_recipe_yaml, recipe_diff
+from trainguard.config.load import RESUMABLE_KEYS, read_run_recipe, recipe_diff
 from trainguard.errors import ResumeMismatchError, RunDirBusyError, StorageError, TrainguardError
 from trainguard.monitors.watchdog import remove_unused_backstops
 from trainguard.util.atomic import atomic_write_text
@@ -109,18 +109,6 @@ def check_resume_recipe(run_dir: Path, recipe: dict[str, Any]) -> bool:
             "or start a new run with --run-dir NEW_DIR",
         )
     return True
-
-
-def read_run_recipe(run_dir: Path) -> dict[str, Any]:
-    """RUN_DIR/recipe.yaml as a dict ({} when absent); ConfigError (exit 2) when damaged."""
-    path = run_dir / RECIPE_FILE
-    if not path.exists():
-        return {}
-    fix = (
-        f"restore {path} (trainguard wrote it when the run started), or start a new run "
-        "with --run-dir NEW_DIR"
-    )
-    return read_recipe_yaml(path, "the run's recipe", fix)
 
 
 def write_recipe(run_dir: Path, recipe: dict[str, Any]) -> None:

@@ -16,11 +16,12 @@ from typing import Any
 from trainguard.checkpoint.failures import describe
 from trainguard.checkpoint.fsurl import default_cache_dir
 from trainguard.checkpoint.results import LoadedCheckpoint
-from trainguard.checkpoint.store import CheckpointStore, _is_url
+from trainguard.checkpoint.store import CheckpointStore
 from trainguard.config.schema import Recipe
 from trainguard.errors import CorruptError, StorageError, TrainguardError
 from trainguard.findings import Finding, has_errors
 from trainguard.train.distributed import Dist
+from trainguard.util.paths import is_remote
 
 
 class SharedStore:
@@ -69,7 +70,7 @@ def open_store(recipe: Recipe, run_dir: Path, dist: Dist) -> SharedStore:
     """The run's store: a path or any fsspec URL (`checkpoint.dir`), with its storage options."""
     root = checkpoint_root(recipe, run_dir)
     cache_dir = None
-    if _is_url(root) and dist.active:
+    if is_remote(root) and dist.active:
         # Local ranks share a machine: each gets its own download cache, so two ranks never
         # fetch into the same folder at once.
         cache_dir = str(default_cache_dir(root) / f"rank{dist.world.rank}")

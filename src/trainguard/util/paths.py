@@ -22,6 +22,18 @@ def is_url(value: object) -> bool:
     return "://" in str(value)
 
 
+def is_remote(root: object) -> bool:
+    """True for an object-store URL (`s3://`, `gs://`, ...); `file://` URLs and plain paths are
+    local. The one test of whether a checkpoint root or an output lives on a remote store."""
+    text = str(root)
+    return "://" in text and not text.startswith("file://")
+
+
+def local_path(root: str | os.PathLike[str]) -> Path:
+    """A local root (a path or a `file://` URL) as a Path, `~` expanded."""
+    return Path(str(root).removeprefix("file://")).expanduser()
+
+
 def _local(value: PathArg) -> Path | None:
     if value is None or is_url(value) or str(value) in ("", "stdlib"):
         return None

@@ -1,4 +1,6 @@
-"""The recipe's `evals` section: which evals run before, during and after training."""
+"""The recipe's `evals` section: which evals run before, during and after training.
+
+Pure pydantic (the config floor): `evals/` reads it, it imports nothing of `evals/`."""
 
 from __future__ import annotations
 
@@ -34,25 +36,3 @@ class EvalsConfig(_Section):
     best earlier value (E121)."""
     lint: bool = True
     """Lint the specs against the run's tokenizer in pre-flight."""
-
-
-def require_use_case_eval(evals_cfg: EvalsConfig | None) -> None:
-    """Evaluation first: refuse a recipe whose evals include no use-case eval (E101).
-
-    Raises `BadInputError` (exit 2); `trainguard run --no-evals` skips this on purpose.
-    """
-    from trainguard.errors import BadInputError
-    from trainguard.evals.spec import load_spec
-
-    fix = (
-        "add a use-case eval to the recipe, e.g. `evals: {specs: [python_next_line]}` or a spec "
-        "file with `use_case: true`, or pass --no-evals to train without one on purpose"
-    )
-    if evals_cfg is None or not evals_cfg.specs:
-        raise BadInputError("E101: the recipe declares no evals (evaluation first)", fix)
-    if not any(load_spec(s).use_case for s in evals_cfg.specs):
-        raise BadInputError(
-            f"E101: none of the recipe's eval specs {evals_cfg.specs} is a use-case eval "
-            "(`use_case: true`)",
-            fix,
-        )

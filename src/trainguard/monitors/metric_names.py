@@ -1,27 +1,14 @@
 """Which metrics of a log the detectors watch: `KNOWN_METRICS` and `choose_metrics`.
 
-Reading the log itself (JSON Lines, CSV, TensorBoard, `trainer_state.json`, W&B CSV) lives in
-the low module `trainguard.metrics`; its names are re-exported here so that existing imports
-keep working.
+Reading the log itself (JSON Lines, CSV, TensorBoard, `trainer_state.json`, W&B CSV) is
+`trainguard.metrics`'s job (`metrics.formats.read_rows`).
 """
 
 from __future__ import annotations
 
 from trainguard.errors import DataError
-from trainguard.metrics.formats import ACCEPTED, detect_format, follow_rows, read_rows
-from trainguard.metrics.logfile import STEP_KEYS, LogState, normalise
+from trainguard.metrics.formats import ACCEPTED
 from trainguard.monitors.monitor_set import MetricKind, infer_kind
-
-__all__ = [
-    "KNOWN_METRICS",
-    "STEP_KEYS",
-    "LogState",
-    "choose_metrics",
-    "detect_format",
-    "follow_rows",
-    "normalise",
-    "read_rows",
-]
 
 # Names trainers give the metrics the detectors know: trainguard's own log and its TensorBoard
 # tags (`train/...`), Hugging Face (`loss`, `grad_norm`; `train/loss` in its TensorBoard and
