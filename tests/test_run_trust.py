@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from runhelpers import run_cli, tiny_recipe_dict
 from trainguard.cli import app
-from trainguard.errors import EXIT_HANG, EXIT_INTERRUPTED, EXIT_TERMINATED, RunDirBusyError
+from trainguard.errors import ExitStatus, RunDirBusyError
 from trainguard.util.runlock import LOCK_FILE, FolderLock, read_holder
 
 # A finished 12-step copy resumes from step 12. Use-case evals are not under test here: off,
@@ -195,9 +195,9 @@ def test_run_json_hang_is_one_object_and_exit_3(small_corpus: Path, cache_dir: P
     path.write_text(yaml.safe_dump(recipe))
     args = ["run", str(path), "--run-dir", str(tmp_path / "run"), "--json", "-q", "--no-evals"]
     res = run_cli(*args, env={"TRAINGUARD_INJECT": "hang@3"})
-    assert res.returncode == EXIT_HANG, res.stderr[-3000:]
+    assert res.returncode == ExitStatus.HANG, res.stderr[-3000:]
     payload = one_json(res.stdout)
-    assert payload["ok"] is False and payload["exit_status"] == EXIT_HANG
+    assert payload["ok"] is False and payload["exit_status"] == ExitStatus.HANG
     assert "R210" in codes(payload) and "resume" in payload["error"]["fix"]
 
 
@@ -279,10 +279,10 @@ def test_sigterm_stops_like_ctrl_c_and_leaves_no_backstop_file(
     wait_until(proc, lambda: steps_logged(tiny_run_copy) >= 13, "step 13")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == EXIT_TERMINATED, err[-3000:]
+    assert proc.returncode == ExitStatus.TERMINATED, err[-3000:]
     assert "Traceback" not in err and "Fatal Python error" not in err
     payload = one_json(out)
-    assert payload["exit_status"] == EXIT_TERMINATED and payload["final_step"] == 13
+    assert payload["exit_status"] == ExitStatus.TERMINATED and payload["final_step"] == 13
     assert not list(tiny_run_copy.glob("hang-*")), list(tiny_run_copy.iterdir())
 
 
@@ -331,7 +331,7 @@ def test_a_second_ctrl_c_during_shutdown_exits_130(tiny_recipe: Path, tiny_run_c
         drained.start()
         _, err = proc.communicate(timeout=120)
         drained.join(30)
-    assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert proc.returncode == ExitStatus.INTERRUPTED, err[-3000:]
     assert "SIGINT again: exiting now" in err, err[-3000:]  # cli/_signals.py, on the second
     assert "Fatal Python error" not in err and "Traceback" not in err
 

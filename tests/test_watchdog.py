@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from trainguard.errors import EXIT_HANG
+from trainguard.errors import ExitStatus
 from trainguard.monitors.hang_report import read_hang_reports
 from trainguard.monitors.watchdog import Watchdog
 
@@ -67,7 +67,7 @@ def _run(tmp_path, mode):
 
 def test_hang_dumps_stacks_and_exits_3(tmp_path):
     proc, run_dir = _run(tmp_path, "hang")
-    assert proc.returncode == EXIT_HANG, proc.stderr
+    assert proc.returncode == ExitStatus.HANG, proc.stderr
     assert "finished" not in proc.stdout
     dumps = list(run_dir.glob("hang-*-rank0.txt"))
     assert len(dumps) == 1

@@ -1,34 +1,53 @@
-"""One exception tree, mapped to exit statuses in one place (DESIGN.md, convention 4).
+"""One exception tree, and the one table of exit statuses it maps to (docs/architecture.md,
+convention 4).
 
-The exit table, for every command (README, "Commands"):
+The exit table, for every command (README, "Commands"): `ExitStatus`.
 
-    0    success: a check found no error; `run` finished (faults its guards handled are findings)
-    1    error findings; `run`: a guard halted it, pre-flight failed, no checkpoint is usable
-         (C107), or its data changed (D104)
-    2    bad input or usage (the message names the problem and the fix); nothing was started
-    3    `run`: the hang watchdog stopped a stuck step (run the same command again to resume)
-    130  interrupted by Ctrl-C (SIGINT), 128 + 2 as a shell reports it
-    143  terminated by SIGTERM (a scheduler's stop), 128 + 15, handled like Ctrl-C
+    0    OK           success: a check found no error; `run` finished (faults its guards
+                      handled are findings)
+    1    FINDINGS     error findings; `run`: a guard halted it, pre-flight failed, no checkpoint
+                      is usable (C107), or its data changed (D104); an output could not be
+                      written
+    2    BAD_INPUT    bad input or usage (the message names the problem and the fix); nothing
+                      was started
+    3    HANG         `run`: the hang watchdog stopped a stuck step, or a rank hung (run the
+                      same command again to resume)
+    130  INTERRUPTED  interrupted by Ctrl-C (SIGINT), 128 + 2 as a shell reports it
+    143  TERMINATED   terminated by SIGTERM (a scheduler's stop), 128 + 15, handled like Ctrl-C
 
+Each exception class names its status (`exit_status`); `exit_status_for` reads it, and the one
+handler that turns an exception into a message and a status is `cli.common.exit_statuses`.
 Every message names what is wrong and what to change.
 """
 
 from __future__ import annotations
 
 import signal
+from enum import IntEnum
 
-EXIT_OK = 0
-EXIT_FINDINGS = 1
-EXIT_BAD_INPUT = 2
-EXIT_HANG = 3
-EXIT_INTERRUPTED = 128 + signal.SIGINT
-EXIT_TERMINATED = 128 + signal.SIGTERM
+
+class ExitStatus(IntEnum):
+    """The exit statuses of every trainguard command (the table above)."""
+
+    OK = 0
+    FINDINGS = 1
+    BAD_INPUT = 2
+    HANG = 3
+    INTERRUPTED = 128 + signal.SIGINT
+    TERMINATED = 128 + signal.SIGTERM
+
+
+def signal_status(signum: int) -> int:
+    """The status a process ended by signal `signum` reports (128 + signum, as a shell does):
+    `ExitStatus.INTERRUPTED` for SIGINT, `ExitStatus.TERMINATED` for SIGTERM."""
+    status = 128 + signum
+    return ExitStatus(status) if status in ExitStatus._value2member_map_ else status
 
 
 class TrainguardError(Exception):
     """Base of every error trainguard raises on purpose."""
 
-    exit_status = EXIT_BAD_INPUT
+    exit_status: int = ExitStatus.BAD_INPUT
 
     def __init__(self, message: str, fix: str = "") -> None:
         super().__init__(message)
@@ -66,7 +85,7 @@ class OutputWriteError(StorageError):
     output. The message names the path; no partial output is left behind (util/atomic.py).
     """
 
-    exit_status = EXIT_FINDINGS
+    exit_status = ExitStatus.FINDINGS
 
 
 class ResumeMismatchError(BadInputError):
@@ -78,7 +97,7 @@ class NoUsableCheckpoint(TrainguardError):
 
     `findings` holds what was found (C107 lists every step and why)."""
 
-    exit_status = EXIT_FINDINGS
+    exit_status = ExitStatus.FINDINGS
 
     def __init__(self, message: str, fix: str = "", findings: list | None = None) -> None:
         super().__init__(message, fix)
@@ -93,14 +112,14 @@ class RunHalted(TrainguardError):
     """A guard decided to halt the run (too many rollbacks, an unrecoverable fault), or a resume
     stopped because the data changed since the checkpoint (D104)."""
 
-    exit_status = EXIT_FINDINGS
+    exit_status = ExitStatus.FINDINGS
 
 
 class RunHung(TrainguardError):
     """The hang watchdog stopped a stuck step. Never raised: the process exits from the
     watchdog's thread (monitors/watchdog.py); this names the outcome in a run's result."""
 
-    exit_status = EXIT_HANG
+    exit_status = ExitStatus.HANG
 
 
 class Interrupted(KeyboardInterrupt):
@@ -109,7 +128,7 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
-        self.exit_status = 128 + signum
+        self.exit_status = signal_status(signum)
         self.message = f"interrupted by {signal.Signals(signum).name}"
         self.fix = "run the same command again to continue (a run resumes from its last checkpoint)"
         super().__init__(self.message)
@@ -120,11 +139,11 @@ def exit_status_for(exc: BaseException) -> int:
     if isinstance(exc, TrainguardError | Interrupted):
         return exc.exit_status
     if isinstance(exc, KeyboardInterrupt):
-        return EXIT_INTERRUPTED
-    return EXIT_FINDINGS  # an unexpected exception: the interpreter's status after a traceback
+        return ExitStatus.INTERRUPTED
+    return ExitStatus.FINDINGS  # unexpected: the status the interpreter gives a traceback
 
 
 class PreflightFailed(TrainguardError):
     """A pre-flight check found an error; training did not start."""
 
-    exit_status = EXIT_FINDINGS
+    exit_status = ExitStatus.FINDINGS

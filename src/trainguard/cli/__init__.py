@@ -2,7 +2,10 @@
 
 Each module in this package that defines `register(app)` adds its commands; the app is
 assembled by discovery so that commands live next to nothing but their own rendering.
-Only the CLI prints and exits; checks return findings (DESIGN.md, convention 4).
+Only the CLI prints and exits; checks return findings (docs/architecture.md, convention 4).
+Every command runs inside the one error handler (`common.exit_statuses`, through the app's
+group class); `--traceback` before the command shows a trainguard error's traceback instead of
+its message.
 """
 
 from __future__ import annotations
@@ -18,13 +21,28 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer
 
+from trainguard.cli.common import TrainguardGroup
+
 app = typer.Typer(
+    cls=TrainguardGroup,
     name="trainguard",
     help="Keeps LLM training runs from failing silently: pre-flight checks, guards, fire drills.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _options(
+    traceback: bool = typer.Option(
+        False,
+        "--traceback",
+        help="For developers: on an error, raise it with its traceback instead of printing "
+        "the message (the exit status is then the interpreter's, 1).",
+    ),
+) -> None:
+    """Keeps LLM training runs from failing silently: pre-flight checks, guards, fire drills."""
 
 
 def _register_commands() -> None:

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterator
 from types import FrameType
 
-from trainguard.errors import Interrupted
+from trainguard.errors import Interrupted, signal_status
 
 _first: int | None = None  # the signal that interrupted this process
 _owner = os.getpid()
@@ -38,7 +38,7 @@ def _handler(signum: int, frame: FrameType | None) -> None:
         os.kill(os.getpid(), signum)
         return
     if _first is not None:  # a second signal during the cleanup: leave now
-        _leave(128 + _first, f"\n{signal.Signals(signum).name} again: exiting now\n")
+        _leave(signal_status(_first), f"\n{signal.Signals(signum).name} again: exiting now\n")
     _first = signum
     raise Interrupted(signum)
 
@@ -68,5 +68,5 @@ def graceful_interrupts() -> Iterator[None]:
         raise
     except KeyboardInterrupt:
         if _first is not None:
-            _leave(128 + _first)
+            _leave(signal_status(_first))
         raise

@@ -9,13 +9,12 @@ from typing import Annotated
 
 import typer
 
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 from trainguard.config.schema import SEED_MAX
 
 
 def register(app: typer.Typer) -> None:
     @app.command("check-model")
-    @handle_errors
     def check_model_cmd(
         target: Annotated[
             str | None,

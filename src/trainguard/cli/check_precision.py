@@ -14,14 +14,13 @@ from typing import Annotated
 
 import typer
 
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 from trainguard.config.schema import SEED_MAX
-from trainguard.errors import EXIT_OK, BadInputError
+from trainguard.errors import BadInputError, ExitStatus
 
 
 def register(app: typer.Typer) -> None:
     @app.command("check-precision")
-    @handle_errors
     def check_precision_cmd(
         dtype: Annotated[str, typer.Option(help="Gradient dtype: fp32, bf16 or fp16.")] = "bf16",
         world_size: Annotated[
@@ -91,7 +90,7 @@ def register(app: typer.Typer) -> None:
 
             rank, measured = measure_in_job(dtype, elements, seed)
             if rank != 0:
-                raise typer.Exit(EXIT_OK)  # rank 0 speaks for the job
+                raise typer.Exit(ExitStatus.OK)  # rank 0 speaks for the job
             sizes = [measured[0].world_size]
         elif sizes:
             from trainguard.checks.precision_collective import measure_collective

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 
 if TYPE_CHECKING:
     import numpy as np
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 def register(app: typer.Typer) -> None:
     @app.command("check-tokenizer")
-    @handle_errors
     def check_tokenizer_cmd(
         tokenizer: Annotated[
             Path, typer.Argument(help="A Hugging Face tokenizer.json, or a folder holding one.")

@@ -1,22 +1,27 @@
-"""Rendering and error handling shared by every command: the one place exit statuses are set."""
+"""Rendering and error handling shared by every command: the one place exit statuses are set.
+
+`exit_statuses` is the one handler from exceptions to exit statuses (`errors.ExitStatus`): the
+app's group (`TrainguardGroup`) runs every command inside it, so a command never catches
+trainguard's errors itself. `emit` ends a check command with 0 or 1.
+"""
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
-from trainguard.errors import EXIT_FINDINGS, EXIT_OK, Interrupted, TrainguardError
+from trainguard.errors import ExitStatus, TrainguardError, exit_status_for
 from trainguard.findings import Finding, has_errors
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -24,25 +29,36 @@ err_console = Console(stderr=True, highlight=False)
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
-def handle_errors(fn: F) -> F:
-    """Turn trainguard's exceptions (and Ctrl-C or SIGTERM, `errors.Interrupted`) into a clear
-    message and the mapped exit status."""
+@contextlib.contextmanager
+def exit_statuses(traceback: bool = False) -> Iterator[None]:
+    """Turn trainguard's exceptions, and Ctrl-C or SIGTERM (`errors.Interrupted`, a
+    KeyboardInterrupt), into their message and exit status (`errors.exit_status_for`).
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (TrainguardError, Interrupted) as e:
-            # Messages quote paths and OS errors ("[Errno 28]"): never read them as markup.
-            say = err_console.print
-            say(f"[bold red]error:[/] {escape(e.message)}", markup=True, soft_wrap=True)
-            if e.fix:
-                say(f"  [bold]fix:[/] {escape(e.fix)}", markup=True, soft_wrap=True)
-            for note in getattr(e, "__notes__", ()):  # e.g. a cleanup that failed after it
-                say(f"  [bold]note:[/] {escape(note)}", markup=True, soft_wrap=True)
-            raise typer.Exit(e.exit_status) from None
+    `traceback` (the global `--traceback` flag, for developers): re-raise instead, so that the
+    interpreter prints the traceback. Any other exception is a bug and keeps its traceback.
+    """
+    try:
+        yield
+    except (TrainguardError, KeyboardInterrupt) as e:
+        if traceback:
+            raise
+        # Messages quote paths and OS errors ("[Errno 28]"): never read them as markup.
+        say = err_console.print
+        message = getattr(e, "message", None) or "interrupted"
+        say(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
+        if getattr(e, "fix", ""):
+            say(f"  [bold]fix:[/] {escape(e.fix)}", markup=True, soft_wrap=True)
+        for note in getattr(e, "__notes__", ()):  # e.g. a cleanup that failed after it
+            say(f"  [bold]note:[/] {escape(note)}", markup=True, soft_wrap=True)
+        raise typer.Exit(exit_status_for(e)) from None
 
-    return wrapper  # type: ignore[return-value]
+
+class TrainguardGroup(TyperGroup):
+    """The `trainguard` app: every command (and every sub-group's) runs in `exit_statuses`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with exit_statuses(traceback=bool(ctx.params.get("traceback"))):
+            return super().invoke(ctx)
 
 
 def findings_table(findings: list[Finding], title: str = "Findings") -> Table:
@@ -65,8 +81,9 @@ def findings_table(findings: list[Finding], title: str = "Findings") -> Table:
     return table
 
 
-def exit_status(findings: list[Finding]) -> int:
-    return EXIT_FINDINGS if has_errors(findings) else EXIT_OK
+def exit_status(findings: list[Finding]) -> ExitStatus:
+    """FINDINGS when a finding is an error, else OK."""
+    return ExitStatus.FINDINGS if has_errors(findings) else ExitStatus.OK
 
 
 def emit(

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from trainguard.cli._groups import group
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 from trainguard.errors import BadInputError
 
 
@@ -29,7 +29,6 @@ def register(app: typer.Typer) -> None:
     data = group(app, "data")
 
     @data.command("contamination")
-    @handle_errors
     def data_contamination(
         train: Annotated[
             str,

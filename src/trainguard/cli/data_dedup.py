@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from trainguard.cli._groups import group
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 from trainguard.config.schema import SEED_MAX
 
 
@@ -22,7 +22,6 @@ def register(app: typer.Typer) -> None:
     data = group(app, "data")
 
     @data.command("dedup")
-    @handle_errors
     def data_dedup(
         source: Annotated[str, typer.Argument(help="A .jsonl or .parquet file.")],
         out: Annotated[

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from trainguard.cli._groups import group
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 from trainguard.cli.data_dedup import Engine
 from trainguard.errors import BadInputError
 
@@ -50,7 +50,6 @@ def register(app: typer.Typer) -> None:
     data = group(app, "data")
 
     @data.command("filter")
-    @handle_errors
     def data_filter(
         source: Annotated[str, typer.Argument(help="A .jsonl or .parquet file, or a folder.")],
         out: Annotated[

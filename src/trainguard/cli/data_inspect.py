@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from trainguard.cli._groups import group
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 from trainguard.cli.data_filter import check_disabled, filter_config
 from trainguard.config.schema import SEED_MAX
 from trainguard.util.atomic import atomic_write_text, check_writable
@@ -19,7 +19,6 @@ def register(app: typer.Typer) -> None:
     data = group(app, "data")
 
     @data.command("inspect")
-    @handle_errors
     def data_inspect(
         source: Annotated[str, typer.Argument(help=".jsonl, .parquet, a folder, or 'stdlib'.")],
         n: Annotated[int, typer.Option("--n", min=0, help="Documents to sample.")] = 20,

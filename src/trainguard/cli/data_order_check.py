@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from trainguard.cli._groups import group
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 from trainguard.errors import BadInputError
 
 
@@ -16,7 +16,6 @@ def register(app: typer.Typer) -> None:
     data = group(app, "data")
 
     @data.command("order-check")
-    @handle_errors
     def data_order_check(
         order: Annotated[
             str,

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from trainguard.cli._groups import group
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 from trainguard.cli.data_dedup import Engine
 from trainguard.config.schema import DataConfig, TokenizerConfig
 from trainguard.util.paths import refuse_overwrite
@@ -20,7 +20,6 @@ def register(app: typer.Typer) -> None:
     d_data, d_tok = DataConfig(), TokenizerConfig()
 
     @data.command("prepare")
-    @handle_errors
     def data_prepare(
         source: Annotated[
             str, typer.Argument(help="'stdlib', a folder of text files, a .jsonl or a .parquet.")

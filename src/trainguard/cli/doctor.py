@@ -20,8 +20,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from trainguard.cli.common import console, emit, err_console, handle_errors
-from trainguard.errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK
+from trainguard.cli.common import console, emit, err_console
+from trainguard.errors import ExitStatus
 from trainguard.util.paths import is_remote
 
 # Set by `--nproc` for its workers: where rank 0 writes the report.
@@ -129,8 +129,8 @@ def _launch(nproc: int, worker: list[str], as_json: bool) -> None:
             os.environ.pop(RESULT_ENV, None)
         payload = json.loads(result.read_text(encoding="utf-8")) if result.exists() else None
     if payload is None:
-        if status == EXIT_BAD_INPUT:  # the workers said why on stderr
-            raise typer.Exit(EXIT_BAD_INPUT)
+        if status == ExitStatus.BAD_INPUT:  # the workers said why on stderr
+            raise typer.Exit(ExitStatus.BAD_INPUT)
         lost = Finding.of(
             "H429", f"the {nproc} doctor processes exited with status {status} and no report"
         )
@@ -151,7 +151,7 @@ def _as_rank(recipe: Any, plan: Any, rounds: list, as_json: bool) -> None:
     if not report.hung:
         dist.close()  # with a rank gone, rank 0 just exits (the launcher ends the rest)
     if team.rank != 0:
-        raise typer.Exit(EXIT_OK)  # rank 0 speaks for the job
+        raise typer.Exit(ExitStatus.OK)  # rank 0 speaks for the job
     payload = report.to_dict()
     target = os.environ.get(RESULT_ENV)
     if target:  # under `--nproc`: the launching process renders
@@ -160,13 +160,12 @@ def _as_rank(recipe: Any, plan: Any, rounds: list, as_json: bool) -> None:
             encoding="utf-8",
         )
         # A hung rank still runs: a failed rank 0 makes the launcher stop it.
-        raise typer.Exit(EXIT_FINDINGS if report.hung else EXIT_OK)
+        raise typer.Exit(ExitStatus.FINDINGS if report.hung else ExitStatus.OK)
     _report(payload, report.findings, as_json)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("doctor")
-    @handle_errors
     def doctor_command(
         recipe: Annotated[
             str,

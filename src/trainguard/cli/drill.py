@@ -8,14 +8,13 @@ from typing import Annotated
 
 import typer
 
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 from trainguard.util.atomic import atomic_write_text, check_writable
 from trainguard.util.paths import refuse_overwrite
 
 
 def register(app: typer.Typer) -> None:
     @app.command("drill")
-    @handle_errors
     def drill_command(
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
         only: Annotated[

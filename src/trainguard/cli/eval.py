@@ -9,7 +9,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from trainguard.cli.common import emit, handle_errors
+from trainguard.cli.common import emit
 
 
 class _DefaultToRun(TyperGroup):
@@ -62,7 +62,6 @@ def _check_device(device: str) -> None:
 
 
 @eval_app.command("run")
-@handle_errors
 def eval_run(
     target: Path = typer.Argument(..., help="Run dir (newest checkpoint) or checkpoint folder."),
     spec: list[str] = typer.Option(
@@ -114,7 +113,6 @@ def eval_run(
 
 
 @eval_app.command("lint")
-@handle_errors
 def eval_lint(
     spec: str = typer.Argument(..., help="Spec file or shipped name."),
     tokenizer: Path | None = typer.Option(

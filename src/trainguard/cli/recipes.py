@@ -6,12 +6,11 @@ from typing import Annotated
 
 import typer
 
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 
 
 def register(app: typer.Typer) -> None:
     @app.command("recipes")
-    @handle_errors
     def recipes_command(
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:

@@ -8,14 +8,13 @@ from typing import Annotated
 import typer
 
 from trainguard.cli._groups import group
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 
 
 def register(app: typer.Typer) -> None:
     reference = group(app, "reference")
 
     @reference.command("record")
-    @handle_errors
     def reference_record(
         run_dir: Annotated[
             Path, typer.Argument(help="The run dir of a finished `trainguard run`.")

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand
 
-from trainguard.cli.common import console, err_console, findings_table, handle_errors
-from trainguard.errors import EXIT_OK, ConfigError, Interrupted
+from trainguard.cli.common import console, err_console, findings_table
+from trainguard.errors import ConfigError, ExitStatus, Interrupted
 from trainguard.train.outcome import RunResult, describe_error
 from trainguard.util.paths import refuse_overwrite
 
@@ -118,7 +118,7 @@ def _launch_job(
         result.exit_status = status
         if status > 128:
             result.error = describe_error(Interrupted(status - 128))
-        elif status != EXIT_OK and result.error is None:
+        elif status != ExitStatus.OK and result.error is None:
             result.error = {
                 "type": "WorkerFailed",
                 "message": f"a worker process exited with status {status}",
@@ -129,7 +129,6 @@ def _launch_job(
 
 def register(app: typer.Typer) -> None:
     @app.command("run", cls=_RunCommand)
-    @handle_errors
     def run_command(
         recipe: Annotated[
             str, typer.Argument(help="A shipped recipe name (e.g. `default`) or a YAML path.")
@@ -263,10 +262,9 @@ def register(app: typer.Typer) -> None:
         except (Exception, KeyboardInterrupt) as e:
             out.end(RunResult.empty(folder).with_error(e))  # unless run_recipe has printed it
             raise
-        raise typer.Exit(EXIT_OK)
+        raise typer.Exit(ExitStatus.OK)
 
     @app.command("report")
-    @handle_errors
     def report_command(
         run_dir: Annotated[Path, typer.Argument(help="A run dir written by `trainguard run`.")],
     ) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from trainguard.cli._groups import group
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 from trainguard.config.schema import SEED_MAX
 from trainguard.errors import BadInputError
 from trainguard.util.atomic import check_writable
@@ -31,7 +31,6 @@ def register(app: typer.Typer) -> None:
     scale = group(app, "scale")
 
     @scale.command("run")
-    @handle_errors
     def scale_run(
         recipe: str = typer.Argument("default", help="Recipe name or path."),
         grid: list[str] = typer.Option(
@@ -63,7 +62,6 @@ def register(app: typer.Typer) -> None:
         emit(findings, as_json, extra={"csv": str(csv_file), "rows": rows}, title="Scale run")
 
     @scale.command("fit")
-    @handle_errors
     def scale_fit(
         runs: Path = typer.Argument(..., help="CSV with params,tokens,loss columns."),
         predict: list[str] = typer.Option(None, "--predict", help="N,D to predict; repeatable."),

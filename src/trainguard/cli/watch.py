@@ -11,7 +11,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 
-from trainguard.cli.common import console, emit, exit_status, findings_table, handle_errors
+from trainguard.cli.common import console, emit, exit_status, findings_table
 from trainguard.errors import ConfigError, DataError
 from trainguard.findings import Finding, has_errors
 from trainguard.metrics.formats import ACCEPTED, follow_rows, read_rows
@@ -133,7 +133,6 @@ def _follow(
 
 def register(app: typer.Typer) -> None:
     @app.command("watch")
-    @handle_errors
     def watch(
         metrics_log: Path = typer.Argument(
             ...,

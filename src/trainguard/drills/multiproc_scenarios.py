@@ -22,6 +22,7 @@ from typing import Any
 from trainguard.drills.matrix import DrillRow
 from trainguard.drills.runner import DrillContext, RunOutcome
 from trainguard.drills.scenarios import actions_taken, drill, finish, present, relaunch_drill
+from trainguard.errors import ExitStatus
 
 RANK = 1  # the faulty rank of every multi-process drill
 MULTIPROC_DRILLS = ("replica", "straggler", "hung_rank")
@@ -169,7 +170,13 @@ def hung_rank(ctx: DrillContext) -> DrillRow:
         )
 
     base = relaunch_drill(
-        mctx, "hung_rank", inject, ["R301"], ("C150",), exit_status=3, between=read_diagnosis
+        mctx,
+        "hung_rank",
+        inject,
+        ["R301"],
+        ("C150",),
+        exit_status=ExitStatus.HANG,
+        between=read_diagnosis,
     )
     row = MultiProcRow(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
     row.nproc = nproc

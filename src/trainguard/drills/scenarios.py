@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from trainguard.drills.matrix import DrillRow
 from trainguard.drills.runner import DrillContext, RunOutcome
+from trainguard.errors import ExitStatus
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,9 @@ def hang(ctx: DrillContext) -> DrillRow:
     from trainguard.monitors.hang_report import read_hang_reports
 
     step = ctx.plan.fault_step + ctx.plan.interval // 2
-    row = relaunch_drill(ctx, "hang", f"hang@{step}", ["R210"], ("C150",), exit_status=3)
+    row = relaunch_drill(
+        ctx, "hang", f"hang@{step}", ["R210"], ("C150",), exit_status=ExitStatus.HANG
+    )
     reports = read_hang_reports(ctx.run_dir("hang"))
     if reports:
         row.detected = ["R210", *[c for c in row.detected if c != "R210"]]

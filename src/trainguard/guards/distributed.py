@@ -31,7 +31,7 @@ import torch
 import trainguard.codes.distributed  # noqa: F401  (registers H201, H202, H203, R301)
 import trainguard.codes.run  # noqa: F401  (registers R203)
 from trainguard.config.distributed import DistributedConfig
-from trainguard.errors import EXIT_HANG
+from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.guards.decision import Decision
 from trainguard.guards.group import MonitorGroup, shorten_default_timeout
@@ -315,7 +315,7 @@ class DistributedGuards:
             self.on_hang(finding)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(EXIT_HANG)  # the launcher restarts the job; auto-resume takes it from there
+        os._exit(ExitStatus.HANG)  # the launcher restarts the job; auto-resume takes it from there
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

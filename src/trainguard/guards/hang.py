@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 import trainguard.codes.distributed  # noqa: F401  (registers R301)
-from trainguard.errors import EXIT_HANG
+from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.guards.group import MonitorGroup
 
@@ -53,6 +53,6 @@ def hung_rank_finding(
             "reporting_rank": group.rank,
             "phase": phase,
             "stack_file": stack_file,
-            "exit_status": EXIT_HANG,
+            "exit_status": ExitStatus.HANG,
         },
     )

@@ -9,7 +9,7 @@
 A daemon thread wakes every `poll_s`. When the time since the last heartbeat exceeds the
 timeout, max(floor_s, factor * median of the last `window` step times) (or a phase's own floor,
 e.g. a long checkpoint write), it writes every thread's stack to RUN_DIR/hang-<time>[-rank<r>].txt,
-the R210 finding to the matching .json, and exits the process with status EXIT_HANG (3) so that
+the R210 finding to the matching .json, and exits the process with ExitStatus.HANG (3) so that
 a launcher restarts it and auto-resume brings the run back.
 
 A loop stuck inside C code that holds the GIL stops the watchdog thread too. For that case a
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import trainguard.codes.run  # noqa: F401  (registers R210)
-from trainguard.errors import EXIT_HANG
+from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.monitors.hang_report import main_thread_frame, report_path, write_hang_report
 
@@ -66,7 +66,7 @@ class Watchdog:
         phase_floors: dict[str, float] | None = None,
         poll_s: float | None = None,
         backstop_s: float | None = None,
-        exit_status: int = EXIT_HANG,
+        exit_status: int = ExitStatus.HANG,
         exit_process: bool = True,
         on_timeout: Callable[[Finding], None] | None = None,
         clock: Callable[[], float] = time.monotonic,

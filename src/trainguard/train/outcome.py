@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainguard.errors import EXIT_OK, RunHung, exit_status_for
+from trainguard.errors import ExitStatus, RunHung, exit_status_for
 from trainguard.findings import Finding
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class RunResult:
     tokens: int
     resumed_from: int | None = None
     findings: list[Finding] = field(default_factory=list)
-    exit_status: int = EXIT_OK
+    exit_status: int = ExitStatus.OK
     """The exit status the run ends the process with (errors.py): 0 when it finished."""
     error: dict[str, Any] | None = None
     """Why it did not finish: {"type", "message", "fix"}, plus "notes" when cleanup failed too."""
@@ -34,7 +34,7 @@ class RunResult:
     @property
     def ok(self) -> bool:
         """The run finished. Faults its guards handled stay findings with their own severity."""
-        return self.exit_status == EXIT_OK
+        return self.exit_status == ExitStatus.OK
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,7 +114,7 @@ def close_session(session: RunSession, report: bool, primary: BaseException | No
 
 
 def report_hang(session: RunSession, finding: Finding) -> None:
-    """The process is about to exit for a restart (EXIT_HANG): hand `on_end` the outcome
+    """The process is about to exit for a restart (ExitStatus.HANG): hand `on_end` the outcome
     first. Called from the watchdog's thread or from the hung-rank diagnosis."""
     if session.on_end is None:
         return
