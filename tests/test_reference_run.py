@@ -23,7 +23,9 @@ from runhelpers import run_cli, tiny_recipe_dict
 from trainguard.cli import app
 from trainguard.config.load import apply_override, validate_recipe
 from trainguard.drills import planted
+from trainguard.findings import Finding
 from trainguard.reference.curve import load_reference
+from trainguard.reference.record import record_reference
 from trainguard.train.envinfo import environment_fingerprint
 from trainguard.train.run import run_recipe
 
@@ -98,6 +100,22 @@ def test_record_writes_the_curve_and_refuses_bad_runs(
     (tmp_path / "folder").mkdir()
     res = record(tmp_path / "folder", tmp_path / "c.json")
     assert res.exit_code == 2 and "not a run dir" in res.output
+
+
+def test_record_warns_when_the_run_was_not_clean(tiny_run_copy: Path) -> None:
+    """A reference recorded from a run whose guards skipped updates or rolled back: R507, naming
+    what happened; the clean run gives none."""
+    _, clean = record_reference(tiny_run_copy)
+    assert clean == []
+    log = tiny_run_copy / "metrics.jsonl"
+    skipped = {"kind": "finding", **Finding.of("R201", "update skipped", step=5).to_dict()}
+    rollback = {"kind": "event", "event": "rollback", "step": 9}
+    with log.open("a") as f:
+        f.write(json.dumps(skipped) + "\n" + json.dumps(rollback) + "\n")
+    _, findings = record_reference(tiny_run_copy)
+    assert [f.code for f in findings] == ["R507"], findings
+    assert findings[0].data == {"skipped_steps": [5], "rollbacks": 1, "drift": False}
+    assert "skipped 1 update(s) (first at step 5)" in findings[0].message
 
 
 def test_clean_rerun_is_bitwise_equal_with_operational_keys_changed(

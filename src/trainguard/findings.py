@@ -1,4 +1,4 @@
-"""The one result type every check and monitor returns (DESIGN.md, convention 3)."""
+"""The one result type every check and monitor returns (docs/architecture.md, convention 3)."""
 
 from __future__ import annotations
 
@@ -41,13 +41,16 @@ class Finding:
 
     @classmethod
     def of(cls, code: str, message: str, **where: Any) -> Finding:
-        """A finding whose severity and fix default to the code's registry entry."""
+        """A finding whose severity and fix default to the code's registry entry. A renamed
+        code gives its new number; a removed one is a bug (ValueError)."""
         from trainguard.codes import get_code
 
         entry = get_code(code)
+        if entry.lifecycle == "removed":
+            raise ValueError(f"code {entry.code} was removed: nothing may report it any more")
         severity = where.pop("severity", entry.severity)
         fix = where.pop("fix", entry.fix)
-        return cls(code=code, severity=severity, message=message, fix=fix, **where)
+        return cls(code=entry.code, severity=severity, message=message, fix=fix, **where)
 
     def __str__(self) -> str:
         loc = []

@@ -44,7 +44,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import trainguard.codes.run  # noqa: F401  (registers the R codes the guard emits)
 from trainguard.errors import ConfigError
 from trainguard.findings import Finding
 from trainguard.guards.decision import DEVICE_CODES, STRENGTH, Decision

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-import trainguard.codes.shuffle  # noqa: F401  (registers D301-D302)
 from trainguard.findings import Finding
 
 P_POOR = 1e-6

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-import trainguard.codes.tokenizer  # noqa: F401  (registers T101-T110)
 from trainguard.checks.tokenizer_special import packing_findings, special_token_findings
 from trainguard.checks.tokenizer_vocab import VocabEntry, VocabInfo, read_vocab
 from trainguard.errors import BadInputError

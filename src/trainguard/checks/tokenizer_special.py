@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 from tokenizers import Tokenizer
 
-import trainguard.codes.tokenizer  # noqa: F401  (registers T106-T109)
 from trainguard.findings import Finding
 
 

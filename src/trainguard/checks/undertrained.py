@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-import trainguard.codes.tokenizer  # noqa: F401  (registers T110)
 from trainguard.errors import BadInputError
 from trainguard.findings import Finding
 

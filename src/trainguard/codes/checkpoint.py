@@ -1,7 +1,10 @@
-"""Checkpoint layer failure codes. Never reuse or renumber a code.
+"""Checkpoint layer codes (C): saving, verifying, loading and resuming.
 
-C101-C149 local checkpoints (this module), C150-C159 resume (codes/checkpoint_resume.py, the run
-orchestration), C201-C299 object storage.
+C101-C119 verified checkpoints; C120-C139 the public Checkpointer; C150-C159 resume;
+C201-C299 object storage.
+
+A code is never reused or renumbered; a renamed one gets a redirect in `codes/__init__.py`
+(REDIRECTS). `docs/codes.md` is generated from these entries.
 """
 
 from trainguard.codes import Code, register
@@ -21,7 +24,20 @@ _BACKOFF = (
     "Amazon S3 docs, 'Best practices design patterns: optimizing Amazon S3 performance' "
     "(503 SlowDown, per-prefix request rates)",
 )
+_PICKLE = (
+    "Python docs, 'pickle - Python object serialization': 'The pickle module is not secure. "
+    "Only unpickle data you trust.' (Restricting Globals)",
+    "PyTorch docs, torch.load(weights_only=True) and torch.distributed.checkpoint "
+    "(FileSystemReader reads `.metadata` with pickle.load)",
+)
+_DCP = (
+    "PyTorch docs, 'Distributed Checkpoint - torch.distributed.checkpoint' (load-time "
+    "resharding, Stateful, get_state_dict/set_state_dict)",
+    "torchtitan, components/checkpoint.py: DCP with Stateful model/optimizer wrappers",
+)
 
+
+# --- C101-C119 verified checkpoints, C201-C299 object storage -------------------------------------
 register(
     Code(
         code="C101",
@@ -267,5 +283,65 @@ register(
         "time, not correctness.",
         fix="Nothing to do; if it repeats, check the cache disk.",
         references=_CHECKSUMS,
+    ),
+)
+
+# --- C120-C139 the public Checkpointer (checkpoint/checkpointer.py) -------------------------------
+register(
+    Code(
+        code="C120",
+        title="Checkpoint metadata refused: not plain DCP metadata",
+        severity="error",
+        catches="A sharded checkpoint whose `.metadata` (DCP's pickle) names anything but DCP's "
+        "own metadata classes and torch dtypes/sizes/layouts, such as os.system, "
+        "builtins.eval or subprocess: a pickle that would run code when loaded.",
+        why="DCP reads `.metadata` with a bare pickle.load, so a planted or tampered file runs "
+        "arbitrary code on every rank that resumes. A manifest checksum does not help against "
+        "someone who can rewrite the manifest too.",
+        fix="Nothing runs: the step is skipped and the previous valid checkpoint loaded. Find "
+        "out who could write to the checkpoint storage; do not load the step with plain DCP.",
+        false_positives="A checkpoint written by a newer torch whose metadata uses a class "
+        "this version does not know; load it with that torch version.",
+        references=_PICKLE,
+    ),
+    Code(
+        code="C121",
+        title="Resumed on a different number of ranks",
+        severity="info",
+        catches="A Checkpointer resume whose world size differs from the one the checkpoint "
+        "was saved with.",
+        why="Ranks that had no saved state get random generator states derived from the "
+        "saved seed (documented in checkpoint/rng.py), so dropout and sampling streams differ "
+        "from an uninterrupted run on those ranks; the audit trail should say so.",
+        fix="Nothing to do if the change of world size was intended. Sharded state is "
+        "resharded by DCP; replicated state is identical on every rank.",
+        references=_DCP,
+    ),
+    Code(
+        code="C123",
+        title="A rank stopped answering during a checkpoint save or load",
+        severity="error",
+        catches="A collective step of a Checkpointer save or load (gathering every rank's "
+        "checksums, the commit decision, the chosen step) that failed because a rank died or "
+        "stopped answering.",
+        why="A sharded checkpoint is only complete when every rank has written its shards; "
+        "committing without one rank's files would produce a checkpoint that cannot be "
+        "restored.",
+        fix="Restart the job: no manifest was written for the interrupted step, so it resumes "
+        "from the last committed checkpoint. If the same rank keeps dying, check its host.",
+        references=_DCP,
+    ),
+)
+
+# --- C150-C159 resume (the run's orchestration) ---------------------------------------------------
+register(
+    Code(
+        code="C150",
+        title="Resumed from a checkpoint",
+        severity="info",
+        catches="The run found a valid checkpoint in its run dir and continued from it.",
+        why="Auto-resume is how a crashed or preempted run gets back without lost work; the "
+        "finding records where it picked up so the metric log and report can be audited.",
+        fix="Nothing to do. Start a fresh run with a new --run-dir if this was not intended.",
     ),
 )

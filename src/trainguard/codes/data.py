@@ -1,11 +1,30 @@
-"""Data layer failure codes for the corpus, shards and data order (D101-D199).
+"""Data layer codes (D): the corpus, its order, its duplicates and its quality.
 
-D2xx (dedup, filters) and D3xx (shuffle quality) live in their own modules. Never reuse or
-renumber a code.
+D101-D199 corpus, shards and data order (D140-D149 the batch behind a step); D201-D209
+deduplication; D210-D249 quality filters; D250-D259 train/eval contamination; D301-D399 shuffle
+quality.
+
+A code is never reused or renumbered; a renamed one gets a redirect in `codes/__init__.py`
+(REDIRECTS). `docs/codes.md` is generated from these entries.
 """
 
 from trainguard.codes import Code, register
 
+_MINHASH = "Broder, On the resemblance and containment of documents, 1997"
+_FINEWEB = "Penedo et al., The FineWeb Datasets, 2024 (MinHash, 5-grams, 14 bands of 8 rows)"
+_LEE = "Lee et al., Deduplicating Training Data Makes Language Models Better, ACL 2022"
+_MMDS = "Leskovec, Rajaraman, Ullman, Mining of Massive Datasets, ch. 3 (LSH banding)"
+_GOPHER = (
+    "Rae et al. 2021, Scaling Language Models: Methods, Analysis & Insights from Training "
+    "Gopher, appendix A.1.1 (arXiv:2112.11446)"
+)
+_CODE_FP = (
+    "Source code, tables, lists and poetry are not prose: these web-text heuristics reject "
+    "much of them. Disable the rule (`--disable CODE`) for such corpora."
+)
+
+
+# --- D1xx corpus, shards and data order -----------------------------------------------------------
 register(
     Code(
         code="D101",
@@ -73,5 +92,346 @@ register(
         "order maps (seed, epoch, position) to samples independently of the world size. Look for "
         "code that re-seeds or re-shuffles per process.",
         references=("Feistel-network permutations (Luby & Rackoff 1988)",),
+    ),
+)
+
+# --- D140-D149 the batch behind a step (`trainguard batch RUN_DIR --step N`) ----------------------
+register(
+    Code(
+        code="D140",
+        title="A sample of the batch comes from a document the data filters reject",
+        severity="warning",
+        catches="A sample of the decoded global batch of a step whose text lies (partly) in a "
+        "document that the quality rules of `trainguard data filter` (D210-D240, Gopher's "
+        "thresholds) would reject: repeated lines, broken encoding, symbol soup, dangling "
+        "references.",
+        why="A loss or gradient spike often has a cause in the data: a block of repeated lines, "
+        "a binary file decoded as text, a table of numbers. Seeing that the batch behind a "
+        "spike holds a rejected document turns a guess into a cause, and says which document "
+        "to remove.",
+        fix="Read the sample's text and the flags; if the document is junk, filter the source "
+        "(`trainguard data filter SOURCE --out KEPT`) and train on the kept file.",
+        false_positives="Code and tables fail prose rules (alphabetic words, symbol ratio) by "
+        "design; in a code corpus those flags are expected, and document-level rules judge the "
+        "whole document, not the sample's slice of it.",
+        references=("Rae et al. 2021, Gopher, appendix A.1.1",),
+    ),
+    Code(
+        code="D141",
+        title="The decoded batch is not the batch the run trained on",
+        severity="error",
+        catches="The hash of the global batch `trainguard batch` decoded (sample ids from the "
+        "logged position in the elastic order) differs from the `batch_hash` the run logged "
+        "for that step.",
+        why="The prepared data found for the run is not the data it was trained on (another "
+        "source, another tokenizer), or the log was edited: the text shown would not be what "
+        "the model saw, so nothing said about the batch can be trusted.",
+        fix="Point the run's recipe (data.source, data.cache_dir) at the data the run was "
+        "trained on, or prepare that data again with the same settings.",
+        false_positives="None known: the order is a pure function of the seed and position.",
+    ),
+)
+
+# --- D201-D209 deduplication ----------------------------------------------------------------------
+register(
+    Code(
+        code="D201",
+        title="Duplicates removed (summary)",
+        severity="info",
+        catches="How many documents `data dedup` removed as exact duplicates (same text after "
+        "NFC, case folding and whitespace collapsing) and as near duplicates (Jaccard "
+        "similarity at or above the threshold: the MinHash estimate decides far from it, the "
+        "exact similarity of the shingle sets within 4 standard deviations of it).",
+        why="Duplicated documents waste compute, are memorised more, and skew evaluation when "
+        "they overlap the test set.",
+        fix="Nothing to do; the clusters file says which document was removed in favour of "
+        "which, with the estimated similarity.",
+        false_positives="A pair more than 4 standard deviations of the estimate "
+        "(sqrt(s(1-s)/112)) above the threshold is merged without the exact check: about one "
+        "pair in a million just below the threshold gets that far.",
+        references=(_LEE, _FINEWEB),
+    ),
+    Code(
+        code="D202",
+        title="Large share of the corpus is duplicated",
+        severity="warning",
+        catches="More than 30% of the input documents were removed as duplicates.",
+        why="A share that high usually means the pipeline ingested the same source twice, or a "
+        "crawl is full of templates; the remaining data may be much smaller than planned, so "
+        "token budgets and epoch counts are off.",
+        fix="Check the sources for repeated ingestion, and re-plan the token budget on the kept "
+        "count.",
+        false_positives="Raw web crawls are often more than 30% duplicated; that is expected "
+        "before deduplication.",
+        references=(_LEE,),
+    ),
+    Code(
+        code="D203",
+        title="Many documents shorter than one shingle",
+        severity="warning",
+        catches="More than 10% of the documents have fewer words than the shingle size (5).",
+        why="Such a document is a single shingle, so MinHash can only match it to a copy that is "
+        "identical after normalisation: near-duplicate detection is blind for them.",
+        fix="Filter very short documents first (`trainguard data filter`), or deduplicate them "
+        "by another key; lower --ngram only if short texts are the real data.",
+        false_positives="Corpora of short texts by design (titles, queries).",
+        references=(_FINEWEB,),
+    ),
+    Code(
+        code="D204",
+        title="One giant duplicate cluster",
+        severity="warning",
+        catches="One cluster holds more than 1% of the input (and at least 10 documents).",
+        why="Union-find joins chains of pairwise-similar documents, so templated pages (cookie "
+        "banners, boilerplate) can merge many documents whose content differs; all but one are "
+        "removed.",
+        fix="Look at the cluster in the clusters file; strip the boilerplate before "
+        "deduplicating, or raise --threshold.",
+        false_positives="A corpus that truly holds many copies of one document.",
+        references=(_MMDS,),
+    ),
+    Code(
+        code="D205",
+        title="Empty documents",
+        severity="warning",
+        catches="Documents whose text is empty or only whitespace.",
+        why="They carry no training signal but still take an end-of-text token and a place in "
+        "the order; they are all exact duplicates of each other, so all but the first are removed.",
+        fix="Drop empty documents upstream (they usually mean a failed extraction).",
+        references=(_MINHASH,),
+    ),
+)
+
+# --- D210-D249 quality filters (`trainguard.filters`) ---------------------------------------------
+register(
+    Code(
+        code="D210",
+        title="Document too short",
+        severity="warning",
+        catches="A document with fewer words than the lower bound (Gopher: 50 words).",
+        why="Very short documents are mostly boilerplate (menus, cookie notices, titles) and "
+        "carry little context to learn from.",
+        fix="Drop the document, or lower the bound (`--min-words`) if short texts are intended.",
+        false_positives="Short but genuine texts (tweets, headlines, one-line code files).",
+        references=(_GOPHER,),
+    ),
+    Code(
+        code="D211",
+        title="Document too long",
+        severity="warning",
+        catches="A document with more words than the upper bound (Gopher: 100,000 words).",
+        why="Extremely long documents are usually concatenated dumps, logs or tables that "
+        "dominate the token budget with one style.",
+        fix="Drop or split the document, or raise the bound (`--max-words`).",
+        false_positives="Books and long reports in book corpora.",
+        references=(_GOPHER,),
+    ),
+    Code(
+        code="D212",
+        title="Mean word length out of range",
+        severity="warning",
+        catches="A document whose mean word length is outside 3 to 10 characters (Gopher).",
+        why="Mean word length far from natural language signals hashes, base64, URLs lists or "
+        "run-together text without spaces.",
+        fix="Drop the document; check the extraction step that produced it.",
+        false_positives=_CODE_FP,
+        references=(_GOPHER,),
+    ),
+    Code(
+        code="D213",
+        title="Symbol-to-word ratio too high",
+        severity="warning",
+        catches="More than 0.1 hash symbols or ellipses ('#', '...', '…') per word (Gopher).",
+        why="Hashtag lists and truncated snippets ('Read more...') are spam and teaser text.",
+        fix="Drop the document.",
+        false_positives=_CODE_FP + " Python and shell comments use '#'.",
+        references=(_GOPHER,),
+    ),
+    Code(
+        code="D214",
+        title="Too few alphabetic words",
+        severity="warning",
+        catches="Fewer than 80% of the words contain an alphabetic character (Gopher).",
+        why="Documents of numbers, symbols or markup teach the model little language.",
+        fix="Drop the document.",
+        false_positives=_CODE_FP + " Numeric tables are rejected by design.",
+        references=(_GOPHER,),
+    ),
+    Code(
+        code="D215",
+        title="Too many bullet or ellipsis lines",
+        severity="warning",
+        catches="More than 90% of lines start with a bullet, or more than 30% of lines end with "
+        "an ellipsis (Gopher).",
+        why="Such pages are navigation menus, link lists or truncated previews.",
+        fix="Drop the document.",
+        false_positives="Genuine lists (checklists, recipes' ingredient lists).",
+        references=(_GOPHER,),
+    ),
+    Code(
+        code="D220",
+        title="Repeated lines",
+        severity="warning",
+        catches="Duplicate lines make up more than 30% of the lines, or more than 20% of the "
+        "characters in lines (Gopher repetition removal).",
+        why="Repeated lines are boilerplate or spam; the model memorises them and wastes "
+        "compute; repetitive training text raises the rate of degenerate repetition loops.",
+        fix="Drop the document.",
+        false_positives="Song lyrics with refrains, code with repeated statements, data tables.",
+        references=(_GOPHER,),
+    ),
+    Code(
+        code="D221",
+        title="Repeated paragraphs",
+        severity="warning",
+        catches="Duplicate paragraphs (blocks separated by blank lines) make up more than 30% of "
+        "the paragraphs, or more than 20% of the characters in paragraphs (Gopher).",
+        why="As for repeated lines: boilerplate blocks repeated within a page.",
+        fix="Drop the document.",
+        false_positives="Templated but genuine documents (legal forms).",
+        references=(_GOPHER,),
+    ),
+    Code(
+        code="D222",
+        title="Dominant n-gram",
+        severity="warning",
+        catches="The most frequent word 2-, 3- or 4-gram covers more than 20%, 18% or 16% of the "
+        "characters of all words (Gopher top n-gram character fraction).",
+        why="One phrase repeated throughout a document is keyword stuffing or a generation "
+        "loop captured in the data.",
+        fix="Drop the document.",
+        false_positives="Very short documents, where any repeated pair is a large fraction.",
+        references=(_GOPHER,),
+    ),
+    Code(
+        code="D223",
+        title="Duplicated n-grams",
+        severity="warning",
+        catches="Word 5- to 10-grams that occur more than once cover more than 15% (n=5) down "
+        "to 10% (n=10) of the characters (Gopher duplicate n-gram character fraction).",
+        why="Long repeated passages inside one document are copy-paste boilerplate or "
+        "degenerate generated text.",
+        fix="Drop the document.",
+        false_positives="Code and structured text that repeat long identifiers or clauses.",
+        references=(_GOPHER,),
+    ),
+    Code(
+        code="D230",
+        title="Invalid UTF-8",
+        severity="warning",
+        catches="Bytes that are not valid UTF-8 (kept as surrogate escapes when read) or lone "
+        "surrogate code points in the text.",
+        why="Invalid bytes become replacement characters or crash later stages; they signal a "
+        "wrong source encoding (Latin-1, Windows-1252) or truncated multi-byte characters.",
+        fix="Decode the source with its real encoding (or repair it, e.g. with ftfy) before "
+        "training; otherwise drop the document.",
+        references=("The Unicode Standard, section 3.9 (UTF-8 well-formedness)",),
+    ),
+    Code(
+        code="D231",
+        title="Replacement characters",
+        severity="warning",
+        catches="U+FFFD REPLACEMENT CHARACTER in the text: an earlier lossy decode destroyed "
+        "the original characters.",
+        why="The lost characters cannot be recovered; the model learns to emit U+FFFD.",
+        fix="Re-extract the text from the original bytes with the right encoding, or drop it.",
+        false_positives="Documents about Unicode itself.",
+    ),
+    Code(
+        code="D232",
+        title="Control characters",
+        severity="warning",
+        catches="C0/C1 control characters other than tab, newline and carriage return, and "
+        "invisible format characters (zero-width spaces, BOM inside text, bidi overrides).",
+        why="They are extraction debris (form feeds, NULs, escape sequences) or invisible "
+        "characters that change how text is tokenized without changing how it looks.",
+        fix="Strip them in preprocessing, or drop the document.",
+        false_positives="Form feeds in old source files and texts that use zero-width joiners in "
+        "scripts that need them (emoji sequences, some Indic and Arabic text).",
+        references=("Unicode Technical Report #36, Unicode Security Considerations",),
+    ),
+    Code(
+        code="D240",
+        title="Dangling table or figure reference",
+        severity="warning",
+        catches="A mention such as 'see Table 2', 'Table IV', 'table one' or 'see figure three' "
+        "where the document holds no such table or figure: no caption line ('Table 2:', in "
+        "any notation of the number) and, for tables, no table block (markdown pipes or ASCII "
+        "rules); for figures, no image.",
+        why="Preprocessing stripped the table or figure but kept the prose that refers to it; "
+        "the model learns to cite content that is not there.",
+        fix="Keep tables and captions during extraction (or render them as text), or drop the "
+        "document.",
+        false_positives="References to tables and figures of other documents ('Table 2 of "
+        "[12]'), and captions in a format the rule does not recognise. 'table' and 'figure' "
+        "used as verbs before a spelled-out number count only when the number ends the phrase "
+        "('we figure two.'); 'figure two things out' passes.",
+    ),
+)
+
+# --- D250-D259 train/eval contamination (`trainguard data contamination`) -------------------------
+register(
+    Code(
+        code="D250",
+        title="Eval examples found in the training data (contamination)",
+        severity="error",
+        catches="Eval examples (the context with its gold choice, the prompt with its answer, "
+        "the perplexity text) one of whose 13-grams of normalised words occurs in a training "
+        "document (GPT-3's rule), or whose word 5-grams are contained, at or above the "
+        "threshold (0.8), in one training document (a MinHash containment estimate: a short "
+        "example inside a long document). One finding per contaminated task, with the share "
+        "of its examples affected; `data contamination --json` lists each example with the "
+        "training document ids. In `trainguard run`'s pre-flight it is a warning unless a "
+        "task's contaminated share is above `preflight.contamination_max`.",
+        why="A model that trained on the test scores what it memorised, not what it can do: "
+        "the eval overstates the model, and comparisons between checkpoints or runs measure "
+        "the leak.",
+        fix="Drop the contaminated examples from the eval (report scores on the clean subset "
+        "too, as GPT-3 did), or remove the matching documents from the training data; then "
+        "run `trainguard data contamination` again.",
+        false_positives="Text every document of a kind shares (licence headers, boilerplate, "
+        "common code idioms) makes 13-grams match without a real leak: look at the matched "
+        "documents; the share of a task, not a single example, is what pre-flight acts on.",
+        references=(
+            "Brown et al. 2020, Language Models are Few-Shot Learners, appendix C "
+            "(13-gram overlap)",
+            "Broder 1997, On the resemblance and containment of documents (containment)",
+            "Koslicki and Zabeti 2019, Improving MinHash via the containment index with "
+            "applications to metagenomic analysis",
+        ),
+    ),
+)
+
+# --- D3xx shuffle quality -------------------------------------------------------------------------
+register(
+    Code(
+        code="D301",
+        title="Poor shuffle: windows of the data order over-represent some sources",
+        severity="warning",
+        catches="Windows of consecutive samples whose mix of sources (files or datasets) departs "
+        "from the global mix far more than random sampling allows: the summed chi-square over "
+        "windows is significant (p < 1e-6) and its mean is at least twice its expectation. "
+        "Files read in sequence and shards shuffled with a small buffer fail.",
+        why="The model sees one source for many steps, then another: the loss oscillates with "
+        "the source (a 'wavy' loss curve), the model forgets earlier sources, and learning-rate "
+        "decay can end on an unrepresentative stretch of data.",
+        fix="Use a global permutation of samples (trainguard's elastic Feistel order), or a "
+        "shuffle buffer much larger than a shard, or interleave shards from all sources.",
+        false_positives="Curricula that order data on purpose (by domain or difficulty) fail "
+        "by design.",
+        references=(
+            "Pearson 1900, On the criterion that a given system of deviations from the "
+            "probable ... (the chi-square goodness-of-fit test)",
+            "TensorFlow tf.data.Dataset.shuffle documentation: a buffer smaller than the "
+            "dataset gives only a partial shuffle",
+        ),
+    ),
+    Code(
+        code="D302",
+        title="Shuffle quality not measurable",
+        severity="info",
+        catches="Fewer than two sources, or too few samples for two windows.",
+        why="With one source there is no mix to measure; a skipped check is not a pass.",
+        fix="Label samples by file or dataset of origin to measure mixing.",
     ),
 )

@@ -1,7 +1,10 @@
-"""Evaluation layer failure codes (E101-E199). Never reuse or renumber a code.
+"""Evaluation layer codes (E): does the run optimise what it is for?
 
-E10x evaluation first, E11x eval template lint, E12x metric drift, E13x canaries,
-E14x scaling-law fits, E15x off-track alarm, E16x gating-run grids.
+E101-E199: E10x evaluation first, E11x eval template lint, E12x metric drift, E13x
+canaries, E14x scaling-law fits, E15x off-track alarm, E16x gating-run grids.
+
+A code is never reused or renumbered; a renamed one gets a redirect in `codes/__init__.py`
+(REDIRECTS). `docs/codes.md` is generated from these entries.
 """
 
 from trainguard.codes import Code, register
@@ -10,6 +13,8 @@ _LM_EVAL = "Gao et al., A framework for few-shot language model evaluation (lm-e
 _CHINCHILLA = "Hoffmann et al. 2022, Training Compute-Optimal Large Language Models, section 3.3"
 _BESIROGLU = "Besiroglu et al. 2024, Chinchilla Scaling: A replication attempt"
 
+
+# --- E1xx evaluation: evals first, lint, drift, canaries, scaling, off-track ----------------------
 register(
     Code(
         code="E101",

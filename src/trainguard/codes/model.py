@@ -1,7 +1,15 @@
-"""Model layer failure codes (M101-M199): pre-flight `check-model`. Never reuse or renumber."""
+"""Model layer codes (M): a position that sees the future, samples that depend on each
+other, train/serve differences, MoE token drops.
+
+M101-M199 pre-flight `check-model`.
+
+A code is never reused or renumbered; a renamed one gets a redirect in `codes/__init__.py`
+(REDIRECTS). `docs/codes.md` is generated from these entries.
+"""
 
 from trainguard.codes import Code, register
 
+# --- M1xx pre-flight model checks (`check-model`) -------------------------------------------------
 register(
     Code(
         code="M101",

@@ -1,7 +1,14 @@
-"""Numerics layer failure codes (N101-N199): `check-precision`. Never reuse or renumber."""
+"""Numerics layer codes (N): low-precision sums and updates.
+
+N101-N199 `check-precision` and the bf16 run.
+
+A code is never reused or renumbered; a renamed one gets a redirect in `codes/__init__.py`
+(REDIRECTS). `docs/codes.md` is generated from these entries.
+"""
 
 from trainguard.codes import Code, register
 
+# --- N1xx low-precision numerics (`check-precision`) ----------------------------------------------
 register(
     Code(
         code="N101",

@@ -1,6 +1,12 @@
-"""Run layer failure codes: R1xx in-run detectors, R2xx actions and the hang watchdog.
+"""Run layer codes (R): what goes wrong while a run trains.
 
-Never reuse or renumber a code. R3xx (multi-process hangs) lives with the distributed work.
+R101-R199 in-run detectors; R201-R299 actions and the hang watchdog; R301-R399
+multi-process hangs; R401-R499 fire drills (and R619, a drill's documented blind spot);
+R501-R509 reference curves: a run compared with a known-good run of its recipe; R601-R605
+MoE router health and data-loader stalls; R620-R629 the learning-rate schedule across resumes.
+
+A code is never reused or renumbered; a renamed one gets a redirect in `codes/__init__.py`
+(REDIRECTS). `docs/codes.md` is generated from these entries.
 """
 
 from trainguard.codes import Code, register
@@ -10,7 +16,21 @@ _SPIKE_REFS = (
     "Zhang et al. 2022, OPT-175B logbook (loss spikes, divergence, lowering the LR)",
     "Takase et al. 2023, Spike No More: Stabilizing the Pre-training of LLMs",
 )
+_REF_RERECORD = (
+    "If the change is intended, record a new reference from a finished run: `trainguard "
+    "reference record RUN_DIR --out REF.json`."
+)
+_REF_REFS = (
+    "Page 1954, Continuous Inspection Schemes (the CUSUM)",
+    "OLMo, Pythia: published loss curves as the check for a reproduced run",
+)
+_MOE_DOCS = (
+    "README.md#watching-moe-routers-and-the-data-loader",
+    "Fedus et al. 2021, Switch Transformer (capacity, aux loss)",
+)
 
+
+# --- R1xx in-run detectors, R2xx actions and the hang watchdog ------------------------------------
 register(
     Code(
         code="R101",
@@ -197,5 +217,317 @@ register(
         false_positives="A legitimately slow step (the first compile, a huge checkpoint write) "
         "longer than the floor; raise `hang_floor_s`.",
         references=("PyTorch Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) for collectives",),
+    ),
+)
+
+# --- R3xx multi-process hangs (guards/distributed.py) ---------------------------------------------
+register(
+    Code(
+        code="R301",
+        title="Hung rank: a rank did not reach a collective or the step boundary",
+        severity="error",
+        catches="After warm-up, collectives run with a short timeout "
+        "(`distributed.collective_timeout_s`) and the ranks meet in a gloo monitored barrier "
+        "at step boundaries. On a timeout every surviving rank enters a monitored barrier "
+        "(`wait_all_ranks=True`, `distributed.hang_timeout_s`) that names the ranks which did "
+        "not arrive; their hosts, the phase and step are recorded and the stacks of this "
+        "process dumped to RUN_DIR/hang-<time>-rank<r>.txt.",
+        why="A collective timeout by itself says only that someone did not answer, after tens "
+        "of minutes by default; every rank waits and nobody is named.",
+        fix="The process exits with status 3 so the launcher (`--max-restarts`) restarts the "
+        "job and auto-resume continues from the last verified checkpoint. If the same rank or "
+        "host hangs again, run `trainguard doctor` on the job's nodes (it tests every rank, "
+        "link and collective with timeouts) and drain what it names; read the stack dump for "
+        "where it stopped.",
+        false_positives="A rank that is merely much slower than the timeout (a huge first "
+        "step, a long evaluation on one rank); raise `distributed.collective_timeout_s` or "
+        "`distributed.warmup_steps`.",
+        references=(
+            "torch.distributed.monitored_barrier",
+            "PyTorch Flight Recorder for NCCL collectives",
+        ),
+    ),
+)
+
+# --- R4xx fire drills (`trainguard drill`) whose fault was missed ---------------------------------
+register(
+    Code(
+        code="R401",
+        title="Fire drill: the injected fault was not detected",
+        severity="error",
+        catches="A drill injected a fault into a real run and none of the codes that should "
+        "catch it appeared.",
+        why="A guard that misses a drilled fault will miss the real one: the run goes on with a "
+        "poisoned update, a corrupt weight or a stuck process, and nobody is told.",
+        fix="Read the drill's run dir (kept with --keep): its metrics.jsonl shows what the "
+        "detectors saw. Tune the guards section of the recipe (thresholds, actions) or fix the "
+        "detector.",
+        false_positives="A fault that truly has no effect (a bit flip in a weight the step "
+        "never reads) cannot be detected; the drills inject faults that always matter.",
+        references=("docs/drills.md",),
+    ),
+    Code(
+        code="R402",
+        title="Fire drill: the run did not recover from the injected fault",
+        severity="error",
+        catches="After the fault (and a relaunch where the drill needs one, as a launcher "
+        "would do), the run did not finish all its steps, or its final validation loss is "
+        "far from the clean run's.",
+        why="Detection without recovery still loses the run: a rollback loop, a resume from the "
+        "wrong step or a corrupt checkpoint chosen over a good one.",
+        fix="Read the drill's run dir (kept with --keep) and the row's note; check the actions "
+        "(guards.actions, guards.max_rollbacks) and the checkpoint interval.",
+        false_positives="A recipe whose final loss is very noisy at drill settings can differ "
+        "from the clean run by more than the tolerance after a skipped batch.",
+        references=("docs/drills.md",),
+    ),
+    Code(
+        code="R403",
+        title="Fire drill: the clean run raised an alarm",
+        severity="error",
+        catches="The drill's fault-free run produced a warning or error finding.",
+        why="False alarms train people to ignore the guards, and an action taken on a false "
+        "alarm (a skipped or rolled-back step) costs work for nothing.",
+        fix="Look at the finding: a real event at drill settings (an early gradient spike at a "
+        "high learning rate) is fixed by the recipe; a false alarm by the detector's thresholds.",
+        false_positives="Early training at a high learning rate has real gradient-norm spikes; "
+        "the drill settings use a gentler schedule for that reason.",
+        references=("docs/drills.md",),
+    ),
+    Code(
+        code="R619",
+        title="Fire drill: a documented blind spot did not behave as documented",
+        severity="error",
+        catches="A drill that demonstrates what the guards cannot see (a low mantissa bit "
+        "flipped in one process's weight) either raised a code that claims to catch it, or "
+        "left the final weights bitwise equal to the clean run's (the fault never took "
+        "effect, so the row proves nothing).",
+        why="The drill matrix states what one process can and cannot see. If a detector starts "
+        "to fire on the blind-spot fault, or the fault stops landing, the documented limitation "
+        "is no longer true and the README would mislead.",
+        fix="If a code now catches the fault, turn the drill into a detection drill (expected "
+        "codes, recovery) and update the drill matrix and docs/drills.md; if the fault did not "
+        "land, check that the flipped weight is still read by every step "
+        "(drills/faults.py).",
+        false_positives="None known: the clean run and the drill run are bitwise deterministic "
+        "on CPU, so equal weights mean the fault had no effect.",
+        references=("docs/drills.md",),
+    ),
+)
+
+# --- R501-R509 reference curves (`trainguard reference`, `reference.path`) ------------------------
+register(
+    Code(
+        code="R501",
+        title="Run left its reference curve",
+        severity="error",
+        catches="A training loss that departs from the reference run's loss at the same steps "
+        "by more than the reference's own noise, for long enough: a two-sided CUSUM of the "
+        "difference in units of that noise (its robust scale around its smoothed curve) passed "
+        "`reference.threshold`. The finding names the first step of departure and lists the "
+        "environment differences (H101) next to it.",
+        why="After a torch, driver, kernel or data-pipeline change, or a small code change (an "
+        "attention scale, an initialisation), a run still trains and its curve still looks "
+        "plausible, but it is not the recipe's known run: the budget is spent on something "
+        "nobody tested.",
+        fix="Look at what changed since the reference (the H101 finding beside it, `git log`, "
+        "the data identity) and at the step it names. " + _REF_RERECORD,
+        false_positives="The comparison assumes paired runs (same recipe, same batches, "
+        "verified per step). Long GPU runs with non-deterministic kernels drift apart "
+        "slowly; raise `reference.threshold` or `reference.allowance` if that drift alone "
+        "fires. A reference recorded with other software (`single_environment: false`) is "
+        "compared with the band only.",
+        references=_REF_REFS,
+    ),
+    Code(
+        code="R502",
+        title="Bitwise departure from the reference on the same environment",
+        severity="warning",
+        catches="A CPU run with the same software, CPU, thread count and process count as its "
+        "reference whose loss at some step is not exactly the reference's. Names the first "
+        "such step.",
+        why="On CPU trainguard's runs are deterministic: the same recipe on the same software "
+        "gives bitwise the same curve. Any departure means what is computed changed (the "
+        "code, a kernel, the data), however small the effect on the loss.",
+        fix="Find the change (the H101 finding lists a changed trainguard revision; `git diff` "
+        "it). " + _REF_RERECORD,
+        false_positives="A deliberate change that is meant to alter numerics (a new kernel, a "
+        "fused operation) fires it once: record the new reference.",
+        references=_REF_REFS,
+    ),
+    Code(
+        code="R503",
+        title="Data differs from the reference's",
+        severity="warning",
+        catches="A run whose prepared data (tokenizer, train or validation tokens) is not the "
+        "data its reference was trained on. The curves are then not compared.",
+        why="A changed tokenizer merge, corpus or cleaning step changes what every step "
+        "trains on; a loss comparison across different data measures the data, not the run.",
+        fix="Point the run at the reference's data (its `data_identity` names the tokenizer and "
+        "shard checksums), or record a reference on this data.",
+        false_positives="A shipped recipe's reference was recorded on the Python standard "
+        "library of one Python version: another version's library is other data.",
+        references=_REF_REFS,
+    ),
+    Code(
+        code="R504",
+        title="Batches differ from the reference's",
+        severity="warning",
+        catches="A step whose batch hash is not the reference's at that step: a changed data "
+        "order, or batches skipped after a rollback. The comparison stops there.",
+        why="The comparison is paired: both runs must read the same batches for their "
+        "difference to cancel the batch-to-batch scatter.",
+        fix="If the guards rolled back and skipped batches, the departure is expected. Otherwise "
+        "the data order changed: check `train.seed`, `data/order.py` and the data identity.",
+        references=_REF_REFS,
+    ),
+    Code(
+        code="R505",
+        title="Reference of another recipe used on purpose",
+        severity="warning",
+        catches="A run compared with a reference recorded for a recipe that differs in "
+        "non-operational keys, allowed by `reference.force` (`trainguard run --force`). Lists "
+        "the differing keys.",
+        why="Such a comparison is a loose guide at best: the band assumes the same recipe.",
+        fix="Record a reference for this recipe; without `--force` a mismatched reference is "
+        "refused (exit 2).",
+        references=_REF_REFS,
+    ),
+    Code(
+        code="R506",
+        title="Reference comparison summary",
+        severity="info",
+        catches="The result of comparing the run with its reference at the reference's last "
+        "step: bitwise equal, within the band, or outside it; the largest difference and the "
+        "noise.",
+        why="A quiet comparison should say that it happened and how close the run came.",
+        fix="Nothing to do.",
+        references=_REF_REFS,
+    ),
+    Code(
+        code="R507",
+        title="Reference recorded from a run that was not clean",
+        severity="warning",
+        catches="`trainguard reference record` on a finished run whose guards skipped updates "
+        "or rolled back, or that resumed under other software (H101).",
+        why="A reference should be a known-good run: a rerun of the recipe does not repeat "
+        "skipped batches or a mid-run software change.",
+        fix="Record the reference from a clean run of the recipe. A reference recorded across "
+        "software versions is compared with the band only, never bitwise.",
+        references=_REF_REFS,
+    ),
+)
+
+# --- R601-R605 MoE router health and data-loader stalls (monitors/moe.py, loader.py) --------------
+register(
+    Code(
+        code="R601",
+        title="MoE layer drops tokens above the threshold",
+        severity="warning",
+        catches="An MoE layer's router sent more assignments to experts than their capacity "
+        "holds: the share of dropped token-to-expert assignments (`tokens_dropped / "
+        "tokens_routed` of the router statistics) stayed above `guards.moe_drop_max` for "
+        "`guards.moe_patience` steps in a row. The worst layer is named.",
+        why="A dropped token skips the layer's feed-forward (only the residual stream carries "
+        "it): the model silently trains on less compute than its config says, and the drops "
+        "concentrate on the tokens of the busiest experts.",
+        fix="Raise `model.moe.capacity_factor`, raise `model.moe.aux_loss_weight` so the router "
+        "balances, or use `model.moe.router=dropless`. If R603 or R602 came with it, the router "
+        "has collapsed: fix that first.",
+        false_positives="The first steps of a fresh router can drop a few percent; the default "
+        "threshold (20%) and patience stay quiet on the clean runs of tests/test_moe_health.py.",
+        references=_MOE_DOCS,
+    ),
+    Code(
+        code="R602",
+        title="MoE expert is dead (computes no tokens)",
+        severity="warning",
+        catches="An expert of an MoE layer computed no token for `guards.moe_dead_patience` "
+        "steps in a row while its layer routed tokens. The layer and the expert are named.",
+        why="A dead expert is parameters that never train: the model has less capacity than it "
+        "pays for, and once the router stops picking an expert it rarely comes back.",
+        fix="Raise `model.moe.aux_loss_weight` (the load-balancing loss), lower the learning "
+        "rate of the router, or re-initialise the dead expert's gate row; check for R603.",
+        false_positives="Tiny batches (few tokens per step) can leave an expert idle by chance "
+        "for a step or two; the patience (20 steps by default) covers that.",
+        references=_MOE_DOCS,
+    ),
+    Code(
+        code="R603",
+        title="MoE router collapsed onto a few experts",
+        severity="error",
+        catches="In an MoE layer, the top_k busiest experts computed at least "
+        "`guards.moe_collapse_share` of all assignments for `guards.moe_patience` steps in a "
+        "row: the router sends (nearly) every token to the same experts.",
+        why="A collapsed router turns the MoE layer into one dense feed-forward (or, with "
+        "capacity, into one that drops most tokens): the other experts stop training and the "
+        "model's quality falls behind what its size promises.",
+        fix="Roll back to a checkpoint before the collapse and raise "
+        "`model.moe.aux_loss_weight` or lower the learning rate; keep the router in fp32.",
+        false_positives="None known for top_k < n_experts: a healthy router spreads tokens, and "
+        "the load-balancing loss keeps it doing so.",
+        references=_MOE_DOCS,
+    ),
+    Code(
+        code="R604",
+        title="MoE load imbalance rising",
+        severity="warning",
+        catches="An MoE layer's load imbalance (the busiest expert's share of assignments times "
+        "n_experts: 1 is balanced), smoothed over `guards.moe_imbalance_span` steps, rose more "
+        "than `guards.moe_imbalance_rise` above its lowest value for `guards.moe_patience` "
+        "steps in a row, after `guards.moe_min_steps` steps.",
+        why="Rising imbalance is the early sign of router collapse and of token drops: the "
+        "busiest expert gets more tokens than its capacity, the idle ones stop learning.",
+        fix="Watch for R601-R603; raise `model.moe.aux_loss_weight` or lower the learning rate "
+        "before the router collapses.",
+        false_positives="A router that starts perfectly balanced by chance and settles at a "
+        "mild, stable imbalance rises once; the rise threshold (50% of the smoothed value) is "
+        "set above what the clean runs of tests/test_moe_health.py show.",
+        references=_MOE_DOCS,
+    ),
+    Code(
+        code="R605",
+        title="Data loader stall: the data phase takes a large share of the step",
+        severity="warning",
+        catches="The data phase of the step (fetching and preparing the batch: "
+        "`data_time_s`) took at least `guards.loader_share` of the step's time, as the median "
+        "of the last `guards.loader_window` steps. It names the loader, not a slow rank (H202) "
+        "or a slow step (R106): the compute did not slow down, the batches came late.",
+        why="Accelerators wait for the input pipeline: every second the loader takes is a "
+        "second of the step the model does not train, and throughput falls without any "
+        "compute fault to find.",
+        fix="More loader workers or prefetching, a faster store (local cache, memory-mapped "
+        "shards), less work per sample in the data path (tokenize ahead: `trainguard data "
+        "prepare`).",
+        false_positives="Very small models whose compute takes less time than reading a batch "
+        "have a large data share by nature; raise `guards.loader_share` for them.",
+        references=("README.md#watching-moe-routers-and-the-data-loader",),
+    ),
+)
+
+# --- R620-R629 the learning-rate schedule across resumes ------------------------------------------
+register(
+    Code(
+        code="R620",
+        title="train.max_steps changed on resume: the LR schedule was extended, not reshaped",
+        severity="info",
+        catches="A run resumed with another `train.max_steps` than the checkpoint planned. "
+        "The schedule keeps its warm-up and cosine decay to the old end and, for a larger "
+        "max_steps, appends the segment `train.schedule_on_extend` names (constant or "
+        "rewarm); the finding gives both ends and the LR of the checkpoint's step and of the "
+        "next.",
+        why="A cosine schedule is a function of max_steps: recomputing it for a new max_steps "
+        "moves every later step's LR, so a run resumed near its end would jump from the "
+        "minimum back to a large LR with nothing logged (a loss spike, or a silently "
+        "different run). Keeping the decay and saying what was appended makes the change "
+        "explicit and the curve explainable.",
+        fix="Nothing, if the extension was meant. Choose `train.schedule_on_extend: rewarm` "
+        "to climb back to the peak (continued pre-training) or `constant` to hold the last LR "
+        "(fine-tuning the end of a run); start a new run for a different schedule.",
+        false_positives="None: it records a change of the recipe.",
+        references=(
+            "Ibrahim et al. 2024, Simple and Scalable Strategies to Continually Pre-train "
+            "Large Language Models (re-warming and re-decaying the LR)",
+        ),
     ),
 )

@@ -1,4 +1,10 @@
-"""Tokenizer layer failure codes (T101-T199). Never reuse or renumber a code."""
+"""Tokenizer layer codes (T).
+
+T101-T199 `check-tokenizer`.
+
+A code is never reused or renumbered; a renamed one gets a redirect in `codes/__init__.py`
+(REDIRECTS). `docs/codes.md` is generated from these entries.
+"""
 
 from trainguard.codes import Code, register
 
@@ -8,6 +14,8 @@ _MAGIKARP = (
 )
 _GPT2 = "Radford et al. 2019, Language Models are Unsupervised Multitask Learners (byte-level BPE)"
 
+
+# --- T1xx tokenizer (`check-tokenizer`) -----------------------------------------------------------
 register(
     Code(
         code="T101",

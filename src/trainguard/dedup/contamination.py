@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-import trainguard.codes.contamination  # noqa: F401  (registers D250)
 from trainguard.data.corpus import Document
 from trainguard.dedup.lsh import DedupParams
 from trainguard.dedup.minhash import MinHasher, shingle_set

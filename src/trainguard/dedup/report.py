@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import trainguard.codes.dedup  # noqa: F401  (registers D201-D205)
 from trainguard.dedup.lsh import DedupParams
 from trainguard.dedup.plan import ClusterRow, DedupCounts, count
 from trainguard.errors import BadInputError

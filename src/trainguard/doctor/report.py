@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-import trainguard.codes.doctor  # noqa: F401  (registers H401-H429)
 from trainguard.doctor.inject import SLOW_FACTOR, Injection
 from trainguard.doctor.plan import DoctorPlan, Sizes
 from trainguard.findings import Finding

@@ -7,7 +7,6 @@ from typing import Any
 
 from rich.table import Table
 
-import trainguard.codes.drills  # noqa: F401  (registers R401-R403, R619)
 from trainguard.findings import Finding
 
 # A run that recovered ends within this fraction of the clean run's final validation loss:

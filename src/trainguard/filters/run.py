@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import trainguard.codes.data_quality  # noqa: F401  (registers D210-D240)
 from trainguard.filters.base import FilterConfig, Flag
 from trainguard.filters.records import (
     REJECT_FIELDS,

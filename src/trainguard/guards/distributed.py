@@ -28,8 +28,6 @@ from typing import Any, NoReturn, TypeVar
 
 import torch
 
-import trainguard.codes.distributed  # noqa: F401  (registers H201, H202, H203, R301)
-import trainguard.codes.run  # noqa: F401  (registers R203)
 from trainguard.config.distributed import DistributedConfig
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding

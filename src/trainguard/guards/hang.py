@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 
-import trainguard.codes.distributed  # noqa: F401  (registers R301)
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.guards.group import MonitorGroup

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 import xxhash
 
-import trainguard.codes.distributed  # noqa: F401  (registers H201, H203)
 from trainguard.findings import Finding
 
 

@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from trainguard.codes import resolve
+
 Action = Literal["apply", "skip", "rollback", "halt"]
 ACTIONS: tuple[str, ...] = ("apply", "skip", "rollback", "halt")
 """What the loop does with a step's update, weakest first (`guards/decision.py`)."""
@@ -124,4 +126,4 @@ class GuardsConfig(MonitorsConfig):
         for code in v:
             if not re.fullmatch(r"R\d{3}", code):
                 raise ValueError(f"guards.actions key {code!r} is not a run code (R101..R299)")
-        return v
+        return {resolve(code): action for code, action in v.items()}  # renamed codes: new number

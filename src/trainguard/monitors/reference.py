@@ -30,7 +30,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import trainguard.codes.reference  # noqa: F401  (registers R501-R507)
 from trainguard.data.shards import identity_changes
 from trainguard.findings import Finding
 from trainguard.reference.curve import ReferenceCurve

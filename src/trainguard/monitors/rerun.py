@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import trainguard.codes.run  # noqa: F401  (registers R205, R206)
 from trainguard.findings import Finding
 
 

@@ -37,7 +37,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import trainguard.codes.distributed  # noqa: F401  (registers H202)
 from trainguard.findings import Finding
 
 PHASE_GROUPS = {

@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import trainguard.codes.run  # noqa: F401  (registers R210)
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.monitors.hang_report import main_thread_frame, report_path, write_hang_report
