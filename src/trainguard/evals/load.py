@@ -3,7 +3,7 @@
 Checkpoints go through the verified loader (`checkpoint.target.open_checkpoint`): a damaged
 checkpoint is a finding (C101-C111), a run dir falls back to the previous valid one, and a
 single damaged checkpoint gives no model at all. Weights come from `model.safetensors` only:
-never unpickle (DESIGN.md, convention 10).
+never unpickle (docs/architecture.md, convention 10).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ from trainguard.train.state_load import apply_checkpoint
 
 
 def set_determinism(recipe: Recipe) -> None:
-    """Same recipe and seed give bitwise the same weights on CPU (DESIGN.md, convention 9)."""
+    """Same recipe and seed give bitwise the same weights on CPU (docs/architecture.md, #9)."""
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     use_deterministic_algorithms()

@@ -1,9 +1,9 @@
 """Serialise the training state into checkpoint files (train/state_load.py reads them back).
 
 Weights go to safetensors and everything else to JSON or tensors-only `torch.save` files that
-load with `weights_only=True`: nothing in a checkpoint is ever unpickled (DESIGN.md, convention 10).
-Everything a bitwise resume needs is here: weights, AdamW moments, the step, the data position,
-the RNG states (dropout) and the monitors' windows.
+load with `weights_only=True`: nothing in a checkpoint is ever unpickled (docs/architecture.md,
+convention 10). Everything a bitwise resume needs is here: weights, AdamW moments, the step,
+the data position, the RNG states (dropout) and the monitors' windows.
 """
 
 from __future__ import annotations

@@ -1,0 +1,322 @@
+"""Imports go downward only: the floors of docs/architecture.md ("Layers"), checked on the source.
+
+Every module's imports are read with `ast`: module-level ones, those inside functions and under
+`if TYPE_CHECKING:` (a type is a dependency too), relative ones, `importlib.import_module` of a
+literal name, and `from trainguard import Name` (the lazy public names, resolved to the module
+that defines them). Importing `a.b.c` also runs the packages `a` and `a.b`: a package's
+`__init__` sits on the lowest floor of anything inside it, so it must import nothing above that
+(a package holding a `config.py` keeps an `__init__` that imports nothing above the config floor).
+A module may import its own floor and the floors below; each import that climbs is named with its
+file and line.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import trainguard
+
+SRC = Path(trainguard.__file__).resolve().parent.parent
+
+# The floors, lowest first (docs/architecture.md draws them). Keys are the packages or modules
+# directly under `trainguard`; every `config.py` anywhere is on floor 1 whatever its package.
+FLOORS: dict[str, int] = {
+    # 0 base: what every module may use
+    "errors": 0,
+    "findings": 0,
+    "codes": 0,
+    "util": 0,
+    # 1 config: the recipe schema, pure pydantic (+ every */config.py); recipes are its YAML
+    "config": 1,
+    "recipes": 1,
+    # 2 primitives: data, the model, numerics, metric logs, detectors, checkpoints, faults
+    "data": 2,
+    "model": 2,
+    "numerics": 2,
+    "metrics": 2,
+    "monitors": 2,
+    "checkpoint": 2,
+    "faults": 2,
+    # 3 parts: each public part and check built from the primitives
+    "guard": 3,
+    "guards": 3,
+    "checks": 3,
+    "evals": 3,
+    "dedup": 3,
+    "filters": 3,
+    "scaling": 3,
+    "report": 3,
+    "doctor": 3,
+    # 4 the run, composed from the parts
+    "train": 4,
+    # 5 what drives or embeds a run: fire drills, other trainers
+    "drills": 5,
+    "integrations": 5,
+    # 6 the command line
+    "cli": 6,
+    "__main__": 6,
+}
+
+# Known upward imports inside train/ that the run's rebuild (issue 11, branch `rebuild`)
+# removes: the fault plan moves out of drills/ below train/. The coordinator deletes these
+# entries when the rebuild lands; an entry that no longer matches an import fails the test,
+# so this list only shrinks. Nothing outside train/ may be listed here.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    ("trainguard.train.loop", "trainguard.drills.faults"): "rebuild: faults below train/",
+    ("trainguard.train.run", "trainguard.drills.faults"): "rebuild: faults below train/",
+}
+
+# `train/run.py` is the top of the run: only the command line (and the lazy public name
+# `trainguard.run_recipe`) may import it; parts get a narrow context instead (issue 11).
+RUN = "trainguard.train.run"
+ALLOWED_RUN_IMPORTERS: dict[str, str] = {
+    # The rebuild gives these a narrow context instead of RunSession (callbacks); delete the
+    # entries when it lands.
+    "trainguard.train.actions": "rebuild: callbacks get a narrow context",
+    "trainguard.train.evals_hook": "rebuild: callbacks get a narrow context",
+    "trainguard.train.multiproc": "rebuild: callbacks get a narrow context",
+    "trainguard.train.outcome": "rebuild: callbacks get a narrow context",
+    "trainguard.train.preflight": "rebuild: callbacks get a narrow context",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    imported: str
+    where: str  # path:line
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.importer} imports {self.imported}"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules(root: Path) -> dict[str, Path]:
+    return {module_name(p, root): p for p in sorted((root / "trainguard").rglob("*.py"))}
+
+
+def _is_package(name: str, modules: dict[str, Path]) -> bool:
+    return name in modules and modules[name].name == "__init__.py"
+
+
+def lazy_names(root: Path) -> dict[str, str]:
+    """`trainguard._LAZY`: the public names `from trainguard import X` resolves lazily."""
+    tree = ast.parse((root / "trainguard" / "__init__.py").read_text())
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else None
+        if isinstance(target, ast.Name) and target.id == "_LAZY":
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path], lazy: dict[str, str]):
+    """Every trainguard module `name` imports, wherever the import statement sits."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if _is_package(name, modules) else name.rpartition(".")[0]
+    where = f"{path.relative_to(SRC) if path.is_relative_to(SRC) else path}"
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if base == "trainguard" and alias.name in lazy:
+                    targets.append(lazy[alias.name])
+                else:
+                    targets.append(sub if sub in modules else base)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            arg = node.args[0] if node.args else None
+            if fname == "import_module" and isinstance(arg, ast.Constant):
+                targets = [str(arg.value)]
+        for target in targets:
+            if target == "trainguard" or target.startswith("trainguard."):
+                yield Import(name, target, f"{where}:{node.lineno}")
+
+
+def with_parents(imported: str) -> list[str]:
+    """Importing a.b.c runs a, a.b and a.b.c."""
+    parts = imported.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def own_floor(name: str) -> int | None:
+    parts = name.split(".")
+    if parts[-1] == "config" and len(parts) > 1:
+        return 1
+    if len(parts) == 1:
+        return 0  # the package itself: its version and the lazy table of public names
+    return FLOORS.get(parts[1])
+
+
+def floor_of(name: str, modules: dict[str, Path]) -> int | None:
+    """A module's floor; a package's `__init__`: the lowest floor inside it (every import of
+    anything inside runs it)."""
+    if _is_package(name, modules):
+        inside = [own_floor(m) for m in modules if m == name or m.startswith(name + ".")]
+        known = [f for f in inside if f is not None]
+        return min(known) if known else None
+    return own_floor(name)
+
+
+def check(root: Path) -> tuple[list[str], list[str], set]:
+    """(upward imports, modules without a floor, allowlist entries used)."""
+    modules = all_modules(root)
+    lazy = lazy_names(root)
+    upward, unplaced, used = [], [], set()
+    for name, path in modules.items():
+        mine = floor_of(name, modules)
+        if mine is None:
+            unplaced.append(name)
+            continue
+        for imp in imports_of(name, path, modules, lazy):
+            floors = []
+            for target in with_parents(imp.imported):
+                if target == name or name.startswith(target + "."):
+                    continue  # its own package: already running
+                theirs = floor_of(target, modules)
+                if theirs is None:
+                    unplaced.append(target)
+                else:
+                    floors.append(theirs)
+            theirs = max(floors, default=0)
+            if theirs > mine:
+                if (name, imp.imported) in ALLOWED_UPWARD:
+                    used.add((name, imp.imported))
+                else:
+                    upward.append(
+                        f"{imp.where}: {name} (floor {mine}) imports {imp.imported} "
+                        f"(floor {theirs})"
+                    )
+            if imp.imported == RUN and not (name.startswith("trainguard.cli") or name == RUN):
+                if name in ALLOWED_RUN_IMPORTERS:
+                    used.add(name)
+                else:
+                    upward.append(f"{imp.where}: {name} imports {RUN} (only the CLI may)")
+    return sorted(set(upward)), sorted(set(unplaced)), used
+
+
+def test_imports_go_downward_only():
+    upward, unplaced, used = check(SRC)
+    assert unplaced == [], "modules without a floor: add them to FLOORS and docs/architecture.md"
+    assert upward == [], "imports that climb a floor:\n" + "\n".join(upward)
+    stale = (set(ALLOWED_UPWARD) | set(ALLOWED_RUN_IMPORTERS)) - used
+    assert not stale, f"allowlist entries that no longer match an import (delete them): {stale}"
+    assert all(k[0].startswith("trainguard.train.") for k in ALLOWED_UPWARD)
+
+
+def test_the_diagram_matches_the_floors():
+    """docs/architecture.md draws each package on the floor this test enforces."""
+    page = (SRC.parent / "docs" / "architecture.md").read_text()
+    drawn: dict[str, int] = {}
+    for m in re.finditer(r"^ floor (\d)  (.+)$", page, flags=re.M):
+        for token in m.group(2).split("  "):
+            name = token.strip().removesuffix("/").removesuffix(".py")
+            if name and " " not in name:
+                drawn[name] = int(m.group(1))
+    expected = {k: v for k, v in FLOORS.items() if k != "__main__"}
+    assert {k: drawn.get(k) for k in expected} == expected
+
+
+def _plant(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "src"
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def test_a_planted_upward_import_is_named(tmp_path):
+    """The checker on a small tree: each way of importing upward is caught, with its line."""
+    root = _plant(
+        tmp_path,
+        {
+            "trainguard/__init__.py": '_LAZY = {"Guard": "trainguard.guard"}\n',
+            "trainguard/errors.py": "",
+            "trainguard/guard.py": "from trainguard.errors import x\n",
+            "trainguard/train/__init__.py": "",
+            "trainguard/train/run.py": "",
+            "trainguard/monitors/__init__.py": "from trainguard.monitors import detector\n",
+            "trainguard/monitors/detector.py": "",
+            "trainguard/monitors/config.py": "",
+            "trainguard/data/__init__.py": "",
+            "trainguard/data/corpus.py": """\
+                from typing import TYPE_CHECKING
+                from trainguard.errors import BadInputError
+                if TYPE_CHECKING:
+                    from trainguard.guard import Guard
+                def late():
+                    from ..train import run
+                    import importlib
+                    importlib.import_module("trainguard.train.run")
+                from trainguard import Guard as G
+                """,
+            "trainguard/nowhere/__init__.py": "",
+        },
+    )
+    upward, unplaced, _ = check(root)
+    assert unplaced == ["trainguard.nowhere"]
+    text = "\n".join(upward)
+    corpus = "trainguard/data/corpus.py:{}: trainguard.data.corpus"
+    assert corpus.format(4) + " (floor 2) imports trainguard.guard (floor 3)" in text
+    assert corpus.format(6) + " (floor 2) imports trainguard.train.run (floor 4)" in text
+    assert corpus.format(8) + " (floor 2) imports trainguard.train.run (floor 4)" in text
+    assert corpus.format(9) + " (floor 2) imports trainguard.guard (floor 3)" in text
+    assert corpus.format(6) + " imports trainguard.train.run (only the CLI may)" in text
+    # monitors/ holds a config.py (floor 1): its __init__ runs for the config, so it may not
+    # import the detectors.
+    assert "trainguard.monitors (floor 1) imports trainguard.monitors.detector (floor 2)" in text
+    assert "errors" not in text
+
+
+def test_loading_a_recipe_stays_on_the_config_floor():
+    """What the ast check cannot see (a package's import-time side effects, lazy loads) at run
+    time: loading and validating a recipe imports no module above floor 1."""
+    code = (
+        "import sys\n"
+        "from trainguard.config.load import load_recipe\n"
+        "load_recipe('default', ['guards.actions={R102: halt}'])\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith(('trainguard', 'torch'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split()
+    modules = all_modules(SRC)
+    above = [m for m in out if (floor_of(m, modules) or 0) > 1]
+    assert above == [], f"loading a recipe imported {above}"
+    assert "trainguard.monitors.config" in out and "torch" not in out  # nor torch
+
+
+def test_nothing_cites_a_design_file_outside_the_repo():
+    """The conventions live in docs/architecture.md; no file points at a design note the repo
+    does not hold."""
+    name = "design" + ".md"  # spelled apart so that this file does not cite it either
+    repo = SRC.parent
+    files = [repo / "README.md", repo / "pyproject.toml", repo / "Makefile"]
+    for folder in ("src", "tests", "docs", "examples", "benchmarks"):
+        files += [p for p in (repo / folder).rglob("*") if p.suffix in (".py", ".md", ".j2")]
+    citing = [
+        str(p.relative_to(repo))
+        for p in files
+        if p.is_file() and name in p.read_text(errors="replace").lower()
+    ]
+    assert citing == []
