@@ -283,7 +283,6 @@ ROWS = [
     *[
         row(f"data-prepare-{name}", "data", "prepare", src, "--out", out, *SMALL, *rest, **kw)
         for name, src, out, rest, kw in [
-            ("lone-surrogate", "{surrogate}", "{out}/p", (), {"says": ("surrogate",)}),
             ("fake-parquet", "{fake_parquet}", "{out}/p", (), {"says": ("Parquet",)}),
             ("out-is-source", "{corpus}", "{corpus}", (), {"says": ("is the input",)}),
             (
@@ -322,11 +321,8 @@ ROWS = [
         ]
     ],
     # --- data dedup -----------------------------------------------------------------------
-    row(
-        "data-dedup-lone-surrogate",
-        *("data", "dedup", "{surrogate}", "--out", "{out}/d.jsonl"),
-        says=("surrogate",),
-    ),
+    # (Text that is not valid Unicode, a lone surrogate included, is not bad input: every
+    # command reads it, tests/test_sources.py.)
     row(
         "data-dedup-fake-parquet",
         *("data", "dedup", "{fake_parquet}", "--out", "{out}/d.parquet"),
@@ -786,9 +782,6 @@ class Workspace:
         p["good_link"].symlink_to(p["good"])
         _write(inputs / "x.clusters.jsonl", "\n".join(docs) + "\n")
         _write(inputs / "y.rejected.jsonl", "\n".join(docs) + "\n")
-        p["surrogate"] = _write(
-            inputs / "surrogate.jsonl", docs[0] + '\n{"text": "bad \\ud800 text here"}\n'
-        )
         p["fake_parquet"] = _write(inputs / "fake.parquet", "not a parquet file\n")
         corpus = p["corpus"] = inputs / "corpus"
         corpus.mkdir()

@@ -87,7 +87,7 @@ def test_missing_and_empty_sources_raise_data_error(tmp_path: Path) -> None:
         list(iter_documents(str(bad)))
     assert e.value.fix
     (tmp_path / "data.csv").write_text("a,b\n")
-    with pytest.raises(DataError, match="neither .jsonl nor .parquet"):
+    with pytest.raises(DataError, match="neither JSON Lines nor Parquet"):
         list(iter_documents(str(tmp_path / "data.csv")))
 
 
@@ -127,6 +127,7 @@ def test_parquet_reads_in_batches_with_optional_ids(tmp_path: Path) -> None:
     stats = CorpusStats()
     docs = list(iter_documents(str(path), stats=stats))
     assert [d.id for d in docs] == ["x", "z"] and stats.docs == 2
+    assert stats.skipped_empty == 1  # a null text is an empty document, counted
     with pytest.raises(DataError, match=r"no column 'body' \(columns: text, id\)"):
         list(iter_documents(str(path), text_field="body"))
 

@@ -98,7 +98,7 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path):
     (tmp_path / "in.txt").write_text("hello\n")
     cases = [
         ((str(tmp_path / "missing.jsonl"),), "does not exist"),
-        ((str(tmp_path / "in.txt"),), "cannot tell the format"),
+        ((str(tmp_path / "in.txt"),), "neither JSON Lines nor Parquet"),
         ((str(good), "--threshold", "1.5"), "out of range"),
         ((str(good), "--threshold", "0"), "out of range"),
     ]

@@ -232,7 +232,7 @@ def test_bad_input_is_rejected_with_a_fix(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         dedup_file(tmp_path / "missing.jsonl", tmp_path / "o.jsonl")
     (tmp_path / "in.csv").write_text("text\nx\n")
-    with pytest.raises(BadInputError, match="cannot tell the format"):
+    with pytest.raises(BadInputError, match="neither JSON Lines nor Parquet"):
         dedup_file(tmp_path / "in.csv", tmp_path / "o.jsonl")
     for t in (0.0, 1.5, -0.2):
         with pytest.raises(BadInputError, match="out of range"):
@@ -245,7 +245,7 @@ def test_bad_input_is_rejected_with_a_fix(tmp_path):
     assert exit_status_for(e.value) == 1 and "folder is in the way" in e.value.fix
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n\n{"body": "no text"}\n')
-    with pytest.raises(DataError, match=r"bad.jsonl:3: no string field 'text'") as e:
+    with pytest.raises(DataError, match=r"bad.jsonl:3 has no string field 'text'") as e:
         dedup_file(bad, tmp_path / "o.jsonl")
     assert "--text-field" in e.value.fix
 

@@ -92,6 +92,6 @@ def test_spark_bad_record_is_bad_input(tmp_path, spark):
 
     src = tmp_path / "in.jsonl"
     src.write_text('{"text": "fine"}\n{"body": "no text"}\n')
-    with pytest.raises(DataError, match="document 1: no string field 'text'") as e:
+    with pytest.raises(DataError, match="document 1 has no string field 'text'") as e:
         dedup_file_spark(src, tmp_path / "o.jsonl", spark=spark)
     assert "--text-field" in e.value.fix

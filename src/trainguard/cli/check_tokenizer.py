@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from trainguard.cli.common import console, emit
+from trainguard.data.corpus import ACCEPTED
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,8 +27,8 @@ def register(app: typer.Typer) -> None:
         corpus: Annotated[
             str | None,
             typer.Option(
-                help="Training text (.jsonl, .parquet, a folder, or 'stdlib') for unseen tokens "
-                "and the text round trip."
+                help=f"Training text ({ACCEPTED}) for unseen tokens and the text round trip; "
+                "documents that are not valid Unicode are set aside, as training does."
             ),
         ] = None,
         text_field: Annotated[str, typer.Option(help="Text field of JSONL/Parquet.")] = "text",
@@ -55,12 +56,12 @@ def register(app: typer.Typer) -> None:
         round trip, end-of-text handling; with --checkpoint, under-trained tokens."""
         from trainguard.checks.tokenizer_audit import audit_tokenizer, load_tokenizer_file
         from trainguard.checks.undertrained import undertrained_tokens
-        from trainguard.filters.records import iter_records
+        from trainguard.data.corpus import iter_documents
 
         tok = load_tokenizer_file(tokenizer)
         texts = None
         if corpus is not None:
-            texts = [r.text for r in islice(iter_records(corpus, text_field), max_docs)]
+            texts = [d.text for d in islice(iter_documents(corpus, text_field), max_docs)]
         counts = packed = None
         if prepared is not None:
             from trainguard.checks.data_preflight import token_counts

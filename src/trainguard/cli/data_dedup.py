@@ -11,6 +11,7 @@ import typer
 from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit
 from trainguard.config.schema import SEED_MAX
+from trainguard.data.corpus import ACCEPTED
 
 
 class Engine(StrEnum):
@@ -23,7 +24,9 @@ def register(app: typer.Typer) -> None:
 
     @data.command("dedup")
     def data_dedup(
-        source: Annotated[str, typer.Argument(help="A .jsonl or .parquet file.")],
+        source: Annotated[
+            str, typer.Argument(help=f"{ACCEPTED} (--engine spark: one JSONL or Parquet file).")
+        ],
         out: Annotated[
             str,
             typer.Option(

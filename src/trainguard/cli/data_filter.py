@@ -11,6 +11,7 @@ import typer
 from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit
 from trainguard.cli.data_dedup import Engine
+from trainguard.data.corpus import ACCEPTED
 from trainguard.errors import BadInputError
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def register(app: typer.Typer) -> None:
 
     @data.command("filter")
     def data_filter(
-        source: Annotated[str, typer.Argument(help="A .jsonl or .parquet file, or a folder.")],
+        source: Annotated[str, typer.Argument(help=f"{ACCEPTED}.")],
         out: Annotated[
             Path,
             typer.Option(

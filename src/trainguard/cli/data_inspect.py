@@ -11,6 +11,7 @@ from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit
 from trainguard.cli.data_filter import check_disabled, filter_config
 from trainguard.config.schema import SEED_MAX
+from trainguard.data.corpus import ACCEPTED
 from trainguard.util.atomic import atomic_write_text, check_writable
 from trainguard.util.paths import refuse_overwrite
 
@@ -20,7 +21,7 @@ def register(app: typer.Typer) -> None:
 
     @data.command("inspect")
     def data_inspect(
-        source: Annotated[str, typer.Argument(help=".jsonl, .parquet, a folder, or 'stdlib'.")],
+        source: Annotated[str, typer.Argument(help=f"{ACCEPTED}.")],
         n: Annotated[int, typer.Option("--n", min=0, help="Documents to sample.")] = 20,
         seed: Annotated[
             int, typer.Option(min=0, max=SEED_MAX, help="Seed of the random draw.")

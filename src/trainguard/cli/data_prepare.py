@@ -12,6 +12,7 @@ from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit
 from trainguard.cli.data_dedup import Engine
 from trainguard.config.schema import DataConfig, TokenizerConfig
+from trainguard.data.corpus import ACCEPTED
 from trainguard.util.paths import refuse_overwrite
 
 
@@ -21,9 +22,7 @@ def register(app: typer.Typer) -> None:
 
     @data.command("prepare")
     def data_prepare(
-        source: Annotated[
-            str, typer.Argument(help="'stdlib', a folder of text files, a .jsonl or a .parquet.")
-        ],
+        source: Annotated[str, typer.Argument(help=f"{ACCEPTED}.")],
         out: Annotated[
             Path,
             typer.Option("--out", help="Folder for the prepared data (one subfolder per key)."),

@@ -31,7 +31,8 @@ register(
         title="Corpus documents skipped: not valid UTF-8",
         severity="warning",
         catches="Files (or JSONL lines, Parquet binary values) of the corpus that do not decode as "
-        "UTF-8; they are skipped and counted instead of stopping the run.",
+        "UTF-8, or hold a lone surrogate (a JSON escape such as \\ud800); they are skipped and "
+        "counted instead of stopping the run.",
         why="Skipped data is data the model never sees. A few odd files are harmless; many mean "
         "the corpus is in another encoding (Latin-1, UTF-16) or holds binaries, and the run "
         "trains on a fraction of what you think.",

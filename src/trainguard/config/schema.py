@@ -32,8 +32,9 @@ class _Section(BaseModel):
 class DataConfig(_Section):
     source: str = "stdlib"
     """Where the text comes from: `stdlib` (the running Python's standard library source), a
-    folder of text files, a `.jsonl` file (one object per line with a `text` field), or a
-    `.parquet` file with a `text` column."""
+    folder of text files, a JSON Lines file (`.jsonl`, `.ndjson`: one object per line with a
+    `text` field), or a Parquet file (`.parquet`, `.pq`) with a `text` column; every command
+    that reads documents accepts the same (data/corpus.py)."""
     text_field: str = "text"
     """Field holding the document text in JSONL and Parquet sources."""
     val_fraction: float = Field(0.05, gt=0.0, lt=0.5)

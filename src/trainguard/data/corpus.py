@@ -1,13 +1,32 @@
-"""Documents from the embedded corpus (the stdlib's own source) or the user's data.
+"""The one source reader: every command that reads documents reads them here.
 
-Sources: `"stdlib"`, a folder of text files, a `.jsonl` file, a `.parquet` file. Every source
-yields documents in a deterministic order (sorted paths, file order), so the same data always
-gives the same tokenizer and the same shards. Files that are not valid UTF-8 are skipped and
-counted in `CorpusStats`, never fatal: one odd file must not stop a run, but it is reported.
+`run`, `data prepare`, `check-tokenizer --corpus` (`iter_documents`), `data filter`,
+`data inspect` and `data dedup` (`iter_records`) accept the same sources, with the same rules:
+
+- `"stdlib"`: the running Python's standard library source, test folders left out;
+- a folder: every file below it, sorted, hidden ones (a name starting with ".") left out, one
+  document per file (its id is the relative path);
+- a JSON Lines file (`JSONL_SUFFIXES`: .jsonl, .ndjson, any case): one JSON object per line with
+  a string `text_field`; blank lines are not records;
+- a Parquet file (`PARQUET_SUFFIXES`: .parquet, .pq, any case) with a `text_field` column.
+
+Anything else (another suffix, a URL, a missing path, a file named .parquet that is not Parquet,
+a line that is not a JSON object, a record without a string text) is bad input (`DataError`,
+exit 2) naming the file and line. Text that is not valid Unicode (invalid UTF-8 bytes in a file
+or a line, a lone surrogate from a JSON escape such as \\ud800) is never fatal and never lost:
+it is read with its bytes kept as surrogate escapes (they write back byte for byte) and the
+record is marked `unicode=False`; training sets it aside and counts it (`CorpusStats`), the
+filters reject it with D230, dedup compares it like any other. Every source yields records in a
+deterministic order, so the same data always gives the same tokenizer and the same shards.
+
+The Spark engines read a source cut into parts (`source_parts`, `data/parts.py`: runs of files,
+JSONL byte ranges, Parquet row groups) with the same readers (`iter_part_records`,
+`iter_part`): the parts read in order are exactly the records of the whole source.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -15,7 +34,7 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from trainguard.data.parts import Part, file_parts, jsonl_parts, parquet_parts
 from trainguard.errors import DataError
@@ -24,11 +43,19 @@ from trainguard.util.inputs import open_parquet
 from trainguard.util.paths import is_url
 
 Split = Literal["train", "val"]
+Kind = Literal["stdlib", "folder", "jsonl", "parquet"]
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+ACCEPTED = (
+    "'stdlib', a folder of text files, a JSON Lines file (.jsonl, .ndjson) or a Parquet file "
+    "(.parquet, .pq)"
+)
 
 # Folders that hold tests, fixtures or IDE test data rather than library source: they are full
 # of deliberately odd code (lib2to3's bad-syntax fixtures) and would dominate some modules.
 _TEST_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "__pycache__"})
-_PARQUET_BATCH = 4096
+_PARQUET_BATCH = 2048
 
 
 @dataclass(frozen=True)
@@ -38,6 +65,21 @@ class Document:
     id: str
     text: str
     source: str
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record of a source with every field it holds (`fields`), for the commands that write
+    records back (filter, dedup) or show them (inspect)."""
+
+    id: str
+    text: str
+    source: str
+    fields: dict[str, Any]
+    where: str
+    """Where it is, for messages: `path:line`, `path row N`, or the file's id."""
+    unicode: bool = True
+    """False: its text, id or source is not valid Unicode (kept as surrogate escapes)."""
 
 
 @dataclass
@@ -62,29 +104,10 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def _skipped_dir(name: str) -> bool:
-    return name in _TEST_DIRS or name.endswith("_test")
-
-
-def stdlib_files() -> list[tuple[str, Path]]:
-    """(relative id, path) of the stdlib's `.py` files without test folders, sorted by id."""
-    root = stdlib_root()
+def _walk(root: Path, skip_dir: Any) -> list[tuple[str, Path]]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        # Pruned while walking: site-packages can be far larger than the stdlib itself.
-        dirnames[:] = [d for d in dirnames if not _skipped_dir(d)]
-        for name in filenames:
-            path = Path(dirpath) / name
-            if name.endswith(".py") and path.is_file():
-                out.append((path.relative_to(root).as_posix(), path))
-    return sorted(out)
-
-
-def _folder_files(root: Path) -> list[tuple[str, Path]]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        # Hidden folders (.git, .cache) are tooling, not corpus.
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        dirnames[:] = [d for d in dirnames if not skip_dir(d)]  # pruned while walking
         for name in filenames:
             path = Path(dirpath) / name
             if not name.startswith(".") and path.is_file():
@@ -92,42 +115,177 @@ def _folder_files(root: Path) -> list[tuple[str, Path]]:
     return sorted(out)
 
 
-def _kind(source: str) -> Literal["stdlib", "folder", "jsonl", "parquet"]:
+def stdlib_files() -> list[tuple[str, Path]]:
+    """(relative id, path) of the stdlib's `.py` files without test folders, sorted by id."""
+    # site-packages can be far larger than the stdlib itself.
+    files = _walk(stdlib_root(), lambda d: d in _TEST_DIRS or d.endswith("_test"))
+    return [(rel, path) for rel, path in files if rel.endswith(".py")]
+
+
+def folder_files(root: Path) -> list[tuple[str, Path]]:
+    """(relative id, path) of a folder's files, sorted; hidden files and folders (.git, .cache)
+    are tooling, not corpus."""
+    return _walk(root, lambda d: d.startswith("."))
+
+
+def kind_of_name(name: str) -> Literal["jsonl", "parquet"] | None:
+    """`jsonl` or `parquet` from a file name's suffix (any case); None for anything else."""
+    suffix = Path(name).suffix.lower()
+    return (
+        "jsonl" if suffix in JSONL_SUFFIXES else "parquet" if suffix in PARQUET_SUFFIXES else None
+    )
+
+
+def source_kind(source: str | os.PathLike[str]) -> Kind:
+    """What `source` is; DataError (exit 2) naming the problem when it is none of `ACCEPTED`."""
+    source = str(source)
     if source == "stdlib":
         return "stdlib"
     if is_url(source):
         raise DataError(
-            f"data source {source!r} is a URL; data preparation reads local files",
-            "copy the data to a local folder first (e.g. `aws s3 cp --recursive`) and set "
-            "data.source to it",
+            f"data source {source!r} is a URL; trainguard reads documents from local files",
+            "copy the data to a local folder first (e.g. `aws s3 cp --recursive`) and give its "
+            "path (`data dedup --engine spark` reads one object-store file)",
         )
     path = Path(source).expanduser()
     if not path.exists():
-        raise DataError(
-            f"data source {source!r} does not exist",
-            "set data.source to 'stdlib', a folder of text files, a .jsonl or a .parquet file",
-        )
+        raise DataError(f"data source {source!r} does not exist", f"give {ACCEPTED}")
     if path.is_dir():
         return "folder"
-    if path.suffix == ".jsonl":
-        return "jsonl"
-    if path.suffix == ".parquet":
-        return "parquet"
-    raise DataError(
-        f"data source {source!r} is a file but neither .jsonl nor .parquet",
-        "give a .jsonl file (one JSON object per line), a .parquet file, or the folder holding it",
-    )
+    kind = kind_of_name(path.name)
+    if kind is None:
+        raise DataError(
+            f"data source {source!r} is a file but neither JSON Lines nor Parquet "
+            f"(suffix {path.suffix!r})",
+            f"give {ACCEPTED}, or the folder holding the file",
+        )
+    return kind
 
 
-def _decode(raw: bytes, stats: CorpusStats) -> str | None:
+def _decode(raw: bytes) -> tuple[str, bool]:
+    """(text, valid): invalid UTF-8 bytes are kept as surrogate escapes."""
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8"), True
     except UnicodeDecodeError:
-        stats.skipped_non_utf8 += 1
-        return None
+        return raw.decode("utf-8", errors="surrogateescape"), False
 
 
-def _files_docs(files: list[tuple[str, Path]], stats: CorpusStats) -> Iterator[Document]:
+def _encodable(*values: Any) -> bool:
+    try:
+        for v in values:
+            if isinstance(v, str) and not v.isascii():
+                v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def jsonl_lines(
+    path: Path, start: int = 0, stop: int | None = None, first_line: int = 1
+) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line) of the lines that are records (not blank), in file order: those
+    in bytes [start, stop), whole lines (a part of `parts.jsonl_parts`), numbered from
+    `first_line`."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        pos = start
+        for lineno, raw in enumerate(f, start=first_line):
+            if stop is not None and pos >= stop:
+                break
+            pos += len(raw)
+            if raw.strip():
+                yield lineno, raw
+
+
+def fields_record(
+    fields: dict[str, Any],
+    where: str,
+    default: tuple[str, str],
+    text_field: str = "text",
+    id_field: str = "id",
+) -> Record:
+    """A record from its fields (a JSON object, a Parquet row); `default` is the (id, source
+    label) when they are absent. The Spark engines build their records with it too."""
+    text = fields.get(text_field)
+    if text is None and text_field in fields:
+        text = ""  # a null text is an empty document (counted, flagged, never silently lost)
+    if not isinstance(text, str | bytes | bytearray):
+        found = sorted(k for k, v in fields.items() if isinstance(v, str))
+        raise DataError(
+            f"{where} has no string field {text_field!r} (string fields: {found})",
+            f"give every record a {text_field!r} string, or name the text field "
+            "(data.text_field, --text-field)",
+        )
+    valid = True
+    if isinstance(text, bytes | bytearray):  # a binary column: the same rule as files
+        text, valid = _decode(bytes(text))
+    ident, label = fields.get(id_field), fields.get("source")
+    doc_id = str(ident) if ident is not None else default[0]
+    source = label if isinstance(label, str) else default[1]
+    return Record(doc_id, text, source, fields, where, valid and _encodable(text, doc_id, source))
+
+
+def jsonl_record(
+    line: str, where: str, default: tuple[str, str], text_field: str = "text", id_field: str = "id"
+) -> Record:
+    """One JSON Lines record (a line already decoded); errors name `where`. The Spark engines
+    parse their lines with it too."""
+    try:
+        fields = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{where} is not valid JSON ({e.msg})", "write one JSON object per line (JSON Lines)"
+        ) from None
+    if not isinstance(fields, dict):
+        raise DataError(f"{where} is not a JSON object", "write one JSON object per line")
+    return fields_record(fields, where, default, text_field, id_field)
+
+
+def _jsonl_records(
+    path: Path, text_field: str, id_field: str, part: Part | None = None
+) -> Iterator[Record]:
+    lines = jsonl_lines(path, part.start, part.stop, part.first) if part else jsonl_lines(path)
+    for lineno, raw in lines:
+        line, valid = _decode(raw)
+        default = (f"{path.name}:{lineno}", path.name)
+        rec = jsonl_record(line, f"{path}:{lineno}", default, text_field, id_field)
+        yield rec if valid else dataclasses.replace(rec, unicode=False)
+
+
+def record_line(fields: dict[str, Any]) -> bytes:
+    """`fields` as a JSON Lines line that reads back as the same record: text that was not
+    UTF-8 gets its original bytes back; lone surrogates from JSON escapes stay escapes."""
+    text = json.dumps(fields, ensure_ascii=False)
+    try:
+        return text.encode("utf-8", errors="surrogateescape") + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(fields, ensure_ascii=True).encode("ascii") + b"\n"
+
+
+def _parquet_records(
+    path: Path, text_field: str, id_field: str, all_fields: bool, part: Part | None = None
+) -> Iterator[Record]:
+    """The records of the file, or of the row groups [part.start, part.stop) of a part."""
+    pf = open_parquet(path, "data source", DataError)
+    names = pf.schema_arrow.names
+    if text_field not in names:
+        raise DataError(
+            f"{path} has no column {text_field!r} (columns: {', '.join(names)})",
+            "name the column that holds the text (data.text_field, --text-field)",
+        )
+    wanted = dict.fromkeys([text_field, id_field, "source"])
+    columns = None if all_fields else [c for c in wanted if c in names]
+    row = part.first if part else 0
+    groups = list(range(part.start, part.stop)) if part else None
+    # Batches keep memory flat on large files; pyarrow validates UTF-8 for string columns.
+    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH, columns=columns, row_groups=groups):
+        for fields in batch.to_pylist():
+            default = (f"{path.name}:{row}", path.name)
+            yield fields_record(fields, f"{path} row {row}", default, text_field, id_field)
+            row += 1
+
+
+def _file_records(files: list[tuple[str, Path]]) -> Iterator[Record]:
     for doc_id, path in files:
         try:
             raw = path.read_bytes()
@@ -136,107 +294,61 @@ def _files_docs(files: list[tuple[str, Path]], stats: CorpusStats) -> Iterator[D
                 f"cannot read corpus file {path}: {e.strerror or e}",
                 "fix the file's permissions or remove it from the source folder",
             ) from e
-        text = _decode(raw, stats)
-        if text is not None:
-            yield Document(doc_id, text, doc_id)
+        text, valid = _decode(raw)
+        yield Record(doc_id, text, doc_id, {"id": doc_id, "text": text}, doc_id, valid)
 
 
-def _jsonl_docs(
-    path: Path,
-    text_field: str,
-    stats: CorpusStats,
-    start: int = 0,
-    stop: int | None = None,
-    first_line: int = 1,
+def iter_records(
+    source: str | os.PathLike[str],
+    text_field: str = "text",
+    id_field: str = "id",
+    all_fields: bool = True,
+) -> Iterator[Record]:
+    """Every record of `source` in order (empty and non-Unicode ones included, marked).
+
+    `all_fields=False` reads only the text, id and source columns of a Parquet file."""
+    kind = source_kind(source)
+    path = Path(source).expanduser()
+    if kind == "stdlib":
+        yield from _file_records(stdlib_files())
+    elif kind == "folder":
+        yield from _file_records(folder_files(path))
+    elif kind == "jsonl":
+        yield from _jsonl_records(path, text_field, id_field)
+    else:
+        yield from _parquet_records(path, text_field, id_field, all_fields)
+
+
+def iter_documents(
+    source: str, text_field: str = "text", stats: CorpusStats | None = None
 ) -> Iterator[Document]:
-    """The documents of the lines in bytes [start, stop) (whole lines; `parts.jsonl_parts`)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        pos = start
-        for lineno, raw in enumerate(f, start=first_line):
-            if stop is not None and pos >= stop:
-                break
-            pos += len(raw)
-            line = _decode(raw, stats)
-            if line is None or not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}:{lineno} is not valid JSON ({e.msg})",
-                    "write one JSON object per line (JSON Lines)",
-                ) from None
-            if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-                raise DataError(
-                    f"{path}:{lineno} has no string field {text_field!r}",
-                    f"give every line a {text_field!r} string or set data.text_field",
-                )
-            doc_id = str(obj["id"]) if obj.get("id") is not None else f"{path.name}:{lineno}"
-            label = obj.get("source") if isinstance(obj.get("source"), str) else path.name
-            for name, value in ((text_field, obj[text_field]), ("id", doc_id), ("source", label)):
-                if not _encodable(value):
-                    raise DataError(
-                        f"{path}:{lineno}: field {name!r} holds a lone surrogate (a JSON escape "
-                        "such as \\ud800 that is not valid Unicode text)",
-                        "fix or drop that line; `trainguard data filter` rejects such "
-                        "documents (D230)",
-                    )
-            yield Document(doc_id, obj[text_field], label)
+    """The documents a model trains on: the records of `source` that hold Unicode text, in
+    order; empty and non-Unicode ones are set aside and counted in `stats`.
+
+    Raises `DataError` when the source is missing, or holds no usable document.
+    """
+    stats = stats if stats is not None else CorpusStats()
+    yield from _documents(iter_records(source, text_field, all_fields=False), stats)
+    if stats.docs == 0:
+        raise no_documents(source, stats)
 
 
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _parquet_docs(
-    path: Path,
-    text_field: str,
-    stats: CorpusStats,
-    groups: tuple[int, int] | None = None,
-    first_row: int = 0,
-) -> Iterator[Document]:
-    """The documents of row groups [groups[0], groups[1]) (all when None)."""
-    pf = open_parquet(path, "data source", DataError)
-    names = pf.schema_arrow.names
-    if text_field not in names:
-        raise DataError(
-            f"{path} has no column {text_field!r} (columns: {', '.join(names)})",
-            "set data.text_field to the column holding the text",
-        )
-    columns = [text_field] + [c for c in ("id", "source") if c in names and c != text_field]
-    row_groups = None if groups is None else list(range(*groups))
-    row = first_row
-    # Batches keep memory flat on large files; pyarrow validates UTF-8 for string columns.
-    for batch in pf.iter_batches(batch_size=_PARQUET_BATCH, columns=columns, row_groups=row_groups):
-        cols = {c: batch.column(c).to_pylist() for c in columns}
-        for i, text in enumerate(cols[text_field]):
-            ident = cols["id"][i] if "id" in cols else None
-            doc_id = str(ident) if ident is not None else f"{path.name}:{row}"
-            label = cols["source"][i] if "source" in cols else None
-            row += 1
-            if isinstance(text, bytes):  # a binary column: same rule as files
-                text = _decode(text, stats)
-            if text is not None:
-                yield Document(doc_id, text, str(label) if label is not None else path.name)
-
-
-def _counted(docs: Iterator[Document], stats: CorpusStats) -> Iterator[Document]:
-    """Skip empty documents; count the kept ones and their UTF-8 bytes."""
-    for doc in docs:
-        if not doc.text:
+def _documents(records: Iterator[Record], stats: CorpusStats) -> Iterator[Document]:
+    """The records that hold Unicode text; empty and non-Unicode ones counted in `stats`."""
+    for rec in records:
+        if not rec.unicode:
+            stats.skipped_non_utf8 += 1
+            continue
+        if not rec.text:
             stats.skipped_empty += 1
             continue
         stats.docs += 1
-        stats.bytes += len(doc.text.encode("utf-8"))
-        yield doc
+        stats.bytes += len(rec.text.encode("utf-8"))
+        yield Document(rec.id, rec.text, rec.source)
 
 
-def _no_documents(source: str, stats: CorpusStats) -> DataError:
+def no_documents(source: str, stats: CorpusStats) -> DataError:
+    """The error for a source that holds no usable document (after reading all of it)."""
     skipped = f" ({stats.skipped_non_utf8} not valid UTF-8)" if stats.skipped_non_utf8 else ""
     return DataError(
         f"data source {source!r} holds no non-empty document{skipped}",
@@ -244,36 +356,13 @@ def _no_documents(source: str, stats: CorpusStats) -> DataError:
     )
 
 
-def iter_documents(
-    source: str, text_field: str = "text", stats: CorpusStats | None = None
-) -> Iterator[Document]:
-    """Documents of `source` in a deterministic order; empty documents are skipped.
-
-    Raises `DataError` when the source is missing, or holds no usable document.
-    """
-    stats = stats if stats is not None else CorpusStats()
-    kind = _kind(source)
-    path = Path(source).expanduser()
-    if kind == "stdlib":
-        docs: Iterator[Document] = _files_docs(stdlib_files(), stats)
-    elif kind == "folder":
-        docs = _files_docs(_folder_files(path), stats)
-    elif kind == "jsonl":
-        docs = _jsonl_docs(path, text_field, stats)
-    else:
-        docs = _parquet_docs(path, text_field, stats)
-    yield from _counted(docs, stats)
-    if stats.docs == 0:
-        raise _no_documents(source, stats)
-
-
-def source_parts(source: str, target_bytes: int = 64 << 20) -> list[Part]:
-    """`source` cut into parts of about `target_bytes` that `iter_part` reads one by one: in
-    order, they are exactly the documents of `iter_documents` (the Spark engine's input)."""
-    kind = _kind(source)
+def source_parts(source: str | os.PathLike[str], target_bytes: int = 64 << 20) -> list[Part]:
+    """`source` cut into parts of about `target_bytes` that `iter_part_records` (or
+    `iter_part`) reads one by one: in order, exactly the records of `iter_records`."""
+    kind = source_kind(source)
     path = Path(source).expanduser()
     if kind in ("stdlib", "folder"):
-        return file_parts(stdlib_files() if kind == "stdlib" else _folder_files(path), target_bytes)
+        return file_parts(stdlib_files() if kind == "stdlib" else folder_files(path), target_bytes)
     if kind == "jsonl":
         return jsonl_parts(path, target_bytes)
     meta = open_parquet(path, "data source", DataError).metadata
@@ -281,28 +370,32 @@ def source_parts(source: str, target_bytes: int = 64 << 20) -> list[Part]:
     return parquet_parts(path, max(1, int(target_bytes / max(bytes_per_row, 1.0))))
 
 
-def source_bytes(source: str) -> int:
-    """The size of a source's files (sizes parts for the Spark engines)."""
-    if source == "stdlib":
-        return sum(p.stat().st_size for _, p in stdlib_files())
+def source_bytes(source: str | os.PathLike[str]) -> int:
+    """The size of a source's files (sizes the parts of the Spark engines)."""
+    kind = source_kind(source)
     path = Path(source).expanduser()
-    if path.is_dir():
-        return sum(p.stat().st_size for _, p in _folder_files(path))
+    if kind in ("stdlib", "folder"):
+        files = stdlib_files() if kind == "stdlib" else folder_files(path)
+        return sum(p.stat().st_size for _, p in files)
     return path.stat().st_size
+
+
+def iter_part_records(
+    part: Part, text_field: str = "text", id_field: str = "id", all_fields: bool = True
+) -> Iterator[Record]:
+    """The records of one part of `source_parts`, read as `iter_records` reads them."""
+    if part.kind == "files":
+        yield from _file_records([(ident, Path(p)) for ident, p in part.files])
+    elif part.kind == "jsonl":
+        yield from _jsonl_records(Path(part.path), text_field, id_field, part)
+    else:
+        yield from _parquet_records(Path(part.path), text_field, id_field, all_fields, part)
 
 
 def iter_part(part: Part, text_field: str, stats: CorpusStats) -> Iterator[Document]:
     """The documents of one part of `source_parts`, counted in `stats` as `iter_documents`
-    counts them (the caller checks that the parts together hold a document)."""
-    if part.kind == "files":
-        docs = _files_docs([(ident, Path(p)) for ident, p in part.files], stats)
-    elif part.kind == "jsonl":
-        docs = _jsonl_docs(Path(part.path), text_field, stats, part.start, part.stop, part.first)
-    else:
-        docs = _parquet_docs(
-            Path(part.path), text_field, stats, (part.start, part.stop), part.first
-        )
-    yield from _counted(docs, stats)
+    counts them (the caller checks that the parts together hold a document: `no_documents`)."""
+    yield from _documents(iter_part_records(part, text_field, all_fields=False), stats)
 
 
 def split_of(doc_id: str, val_fraction: float) -> Split:
@@ -328,13 +421,13 @@ def source_fingerprint(source: str, text_field: str = "text") -> str:
     Stat-based, not content-based, so it costs milliseconds on the stdlib; touching a file
     only costs a re-prepare.
     """
-    kind = _kind(source)
+    kind = source_kind(source)
     if kind == "stdlib":
         files = stdlib_files()
         ident = {"python": sys.version, "root": str(stdlib_root())}
     else:
         path = Path(source).expanduser().resolve()
-        files = _folder_files(path) if kind == "folder" else [(path.name, path)]
+        files = folder_files(path) if kind == "folder" else [(path.name, path)]
         ident = {"path": str(path), "text_field": text_field}
     if not files:
         raise DataError(

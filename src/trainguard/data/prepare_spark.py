@@ -157,7 +157,7 @@ def build_spark(
     if error:
         raise error[0]
     if stats.docs == 0:
-        raise corpus._no_documents(data_cfg.source, stats)
+        raise corpus.no_documents(data_cfg.source, stats)
     save_tokenizer(tok, folder / "tokenizer.json")
     dtype = shards.dtype_for(tok.get_vocab_size())
 

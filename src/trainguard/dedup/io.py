@@ -1,7 +1,9 @@
-"""Read and write JSONL and Parquet documents, keeping every field and the input's format.
+"""Dedup's inputs and outputs: the input read by the one source reader (`data.corpus`), kept
+records written in the input's format, the clusters file, and the Spark output folders.
 
 JSONL kept records are copied byte for byte from the input lines (no re-serialisation), Parquet
-rows keep the input schema. Blank JSONL lines are not documents and are skipped everywhere, so a
+rows keep the input schema, a folder or `stdlib` input is written as JSON Lines records
+(`{"id", "text"}`). Blank JSONL lines are not documents and are skipped everywhere, so a
 document's position means the same thing to every engine. Spark writes folders of part files;
 `read_records` reads a file or such a folder.
 """
@@ -15,32 +17,33 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.data.corpus import (
+    ACCEPTED,
+    iter_records,
+    jsonl_lines,
+    kind_of_name,
+    record_line,
+    source_kind,
+)
 from trainguard.errors import BadInputError, DataError
 from trainguard.util.atomic import check_writable
 from trainguard.util.inputs import open_parquet
 from trainguard.util.paths import credentials_error, is_url, refuse_overwrite
 
-FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+
+def output_format(kind: str) -> str:
+    """The format OUT is written in for an input of `kind`: its own, JSONL for text files."""
+    return kind if kind in ("jsonl", "parquet") else "jsonl"
 
 
-def detect_format(path: str | Path, must_exist: bool = True) -> str:
-    """`jsonl` or `parquet` from the file name (a folder: from its part files)."""
-    path = Path(path)
-    if must_exist and not path.exists():
-        raise DataError(
-            f"input {path} does not exist", "give the path of a .jsonl or .parquet file"
-        )
-    if path.is_dir():
-        if path.suffix.lower() in FORMATS:  # a Spark output folder named like a file
-            return FORMATS[path.suffix.lower()]
-        kinds = {FORMATS.get(p.suffix) for p in _part_files(path)} - {None}
-        if len(kinds) == 1:
-            return kinds.pop()  # type: ignore[return-value]
-    elif path.suffix.lower() in FORMATS:
-        return FORMATS[path.suffix.lower()]
+def spark_input_format(path: str | Path) -> str:
+    """`jsonl` or `parquet` for the Spark engine's one input file (a local path or a URL)."""
+    kind = kind_of_name(str(path)) if is_url(path) else source_kind(path)
+    if kind in ("jsonl", "parquet"):
+        return kind
     raise BadInputError(
-        f"cannot tell the format of {path}: expected a .jsonl, .ndjson or .parquet file",
-        "rename the file with one of those extensions, or convert it to JSONL or Parquet",
+        f"the Spark engine reads one JSON Lines or Parquet file, not {path}",
+        f"give a .jsonl, .ndjson, .parquet or .pq file, or use --engine local for {ACCEPTED}",
     )
 
 
@@ -48,89 +51,38 @@ def _part_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(("_", ".")))
 
 
-def parse_jsonl_line(
-    line: bytes | str, where: str, text_field: str, id_field: str = "id"
-) -> dict[str, Any]:
-    """One JSONL record; errors name `where` (file and line) and the field."""
-    try:
-        rec = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{where}: not valid UTF-8 JSON ({e})", "fix or drop that line") from None
-    if not isinstance(rec, dict):
-        raise DataError(f"{where}: a JSONL record must be an object", "fix that line")
-    if not isinstance(rec.get(text_field), str):
-        raise DataError(
-            f"{where}: no string field {text_field!r}",
-            f"give every record a {text_field!r} string, or pass --text-field with the right name",
-        )
-    for name in (text_field, id_field):
-        value = rec.get(name)
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise DataError(
-                    f"{where}: field {name!r} holds the lone surrogate "
-                    f"{value[e.start]!r} (a JSON escape such as \\ud800 that is not valid "
-                    "Unicode text)",
-                    "fix or drop that line; `trainguard data filter` rejects such documents (D230)",
-                ) from None
-    return rec
-
-
-def _jsonl_lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line) of the non-blank lines."""
-    with open(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                yield lineno, line
-
-
 def iter_batches(
-    path: str | Path, fmt: str, text_field: str = "text", id_field: str = "id", size: int = 2048
+    path: str | Path, text_field: str = "text", id_field: str = "id", size: int = 2048
 ) -> Iterator[tuple[list[str], list[Any]]]:
-    """(texts, ids) in input order, `size` documents at a time; ids are None where absent."""
-    path = Path(path)
+    """(texts, ids) of every document in input order, `size` at a time; ids are the records'
+    `id_field` values, None where absent."""
     texts: list[str] = []
     ids: list[Any] = []
-    if fmt == "jsonl":
-        for lineno, line in _jsonl_lines(path):
-            rec = parse_jsonl_line(line, f"{path}:{lineno}", text_field, id_field)
-            texts.append(rec[text_field])
-            ids.append(rec.get(id_field))
-            if len(texts) == size:
-                yield texts, ids
-                texts, ids = [], []
-        if texts:
+    for rec in iter_records(path, text_field, id_field, all_fields=False):
+        texts.append(rec.text)
+        ids.append(rec.fields.get(id_field))
+        if len(texts) == size:
             yield texts, ids
-        return
-    pf = open_parquet(path, "input", DataError)
-    names = pf.schema_arrow.names
-    if text_field not in names:
-        raise DataError(
-            f"{path} has no column {text_field!r} (columns: {', '.join(names)})",
-            "pass --text-field with the name of the text column",
-        )
-    cols = [text_field] + ([id_field] if id_field in names else [])
-    for batch in pf.iter_batches(batch_size=size, columns=cols):
-        t = batch.column(0).to_pylist()
-        if any(not isinstance(x, str) for x in t):
-            raise DataError(
-                f"{path}: column {text_field!r} has a null or non-string value",
-                "drop or fill the rows without text",
-            )
-        yield t, (batch.column(1).to_pylist() if len(cols) == 2 else [None] * len(t))
+            texts, ids = [], []
+    if texts:
+        yield texts, ids
 
 
-def write_kept(in_path: str | Path, out_path: str | Path, fmt: str, keep: np.ndarray) -> int:
+def write_kept(in_path: str | Path, out_path: str | Path, kind: str, keep: np.ndarray) -> int:
     """Copy the records where keep[i] is true, in input order; returns how many were written.
 
-    Writes `out_path` as given: callers pass a temporary path from `atomic_paths`."""
+    `kind` is the input's (`data.corpus.source_kind`). Writes `out_path` as given: callers pass
+    a temporary path from `atomic_paths`."""
     in_path, out_path = Path(in_path), Path(out_path)
     written = 0
-    if fmt == "jsonl":
+    if kind in ("jsonl", "folder", "stdlib"):
+        lines = (
+            (line for _, line in jsonl_lines(in_path))
+            if kind == "jsonl"
+            else (record_line(rec.fields) for rec in iter_records(in_path))
+        )
         with open(out_path, "wb") as out:
-            for i, (_, line) in enumerate(_jsonl_lines(in_path)):
+            for i, line in enumerate(lines):
                 if keep[i]:
                     out.write(line if line.endswith(b"\n") else line + b"\n")
                     written += 1
@@ -173,13 +125,15 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Every record of a JSONL or Parquet file, or of a Spark folder of part files, in order."""
     path = Path(path)
     files = _part_files(path) if path.is_dir() else [path]
-    fmt = detect_format(path)
     records: list[dict[str, Any]] = []
     for f in files:
+        fmt = kind_of_name(path.name) or kind_of_name(f.name)
         if fmt == "jsonl":
-            records += [json.loads(line) for _, line in _jsonl_lines(f)]
-        else:
+            records += [json.loads(line) for _, line in jsonl_lines(f)]
+        elif fmt == "parquet":
             records += open_parquet(f, "input", DataError).read().to_pylist()
+        else:
+            raise DataError(f"cannot tell the format of {f}", "name it .jsonl or .parquet")
     return records
 
 
@@ -202,7 +156,7 @@ def check_output(
     for path in ([] if folder_ok else [out_path]) + [clusters_path]:
         if path is not None and not is_url(path):
             check_writable(path)
-    other = FORMATS.get(out_path.suffix.lower())
+    other = kind_of_name(out_path.name)
     if other is not None and other != fmt:
         raise BadInputError(
             f"--out {out_path} names {other} but the input is {fmt}; output keeps the input format",

@@ -1,4 +1,5 @@
-"""The local engine: exact then near deduplication of one JSONL or Parquet file in one process.
+"""The local engine: exact then near deduplication of one source in one process (a JSON Lines or
+Parquet file, a folder of text files, or `stdlib`: whatever `data.corpus` reads).
 
 Pass 1 streams the input in batches: normalise, exact key, and a MinHash signature for the first
 document of each normalised text (copies need none). The signatures and bands give candidate
@@ -18,15 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.data.corpus import source_kind
 from trainguard.dedup import io
 from trainguard.dedup.lsh import DedupParams, UnionFind, exact_edges, local_links
 from trainguard.dedup.minhash import MinHasher, shingle_set
 from trainguard.dedup.normalise import exact_key, normalise
 from trainguard.dedup.plan import resolve, with_ids
 from trainguard.dedup.report import DedupReport, TextStats, check_params, default_clusters_path
-from trainguard.errors import BadInputError, DataError
+from trainguard.errors import BadInputError
 from trainguard.util.atomic import atomic_paths
-from trainguard.util.inputs import require_file
 from trainguard.util.paths import is_url
 
 
@@ -109,14 +110,14 @@ def dedup_file(
                 f"{name} {value} is a URL; the local engine reads and writes local files",
                 "use --engine spark for object storage, or copy the file to a local disk",
             )
-    fmt = io.detect_format(in_path)
-    require_file(in_path, "input", "give the path of a .jsonl or .parquet file", DataError)
+    kind = source_kind(in_path)
+    fmt = io.output_format(kind)
     out_path = Path(out_path)
     clusters_path = clusters_path or default_clusters_path(out_path)
     io.check_output(out_path, fmt, in_path, clusters_path)
     t0 = time.perf_counter()
     n, exact_rep, near_root, uniq_idx, uniq_sigs, ids, stats = dedup_texts(
-        lambda: io.iter_batches(in_path, fmt, text_field, id_field), params
+        lambda: io.iter_batches(in_path, text_field, id_field), params
     )
 
     def similarity(a: int, b: int) -> float:
@@ -129,7 +130,7 @@ def dedup_file(
     # Both files appear together or not at all (a clusters URL is written before OUT appears).
     local = [p for p in (out_path, clusters_path) if not is_url(p)]
     with atomic_paths(*local) as tmps:
-        io.write_kept(in_path, tmps[0], fmt, keep)
+        io.write_kept(in_path, tmps[0], kind, keep)
         io.write_jsonl(tmps[1] if len(tmps) > 1 else clusters_path, [r.to_dict() for r in rows])
     seconds = time.perf_counter() - t0
     return DedupReport.build("local", params, n, rows, stats, seconds, out_path, clusters_path, fmt)

@@ -33,9 +33,10 @@ def shingle_hashes(normalised: str, ngram: int = NGRAM) -> list[int]:
     words = normalised.split(" ")
     h = xxhash.xxh3_64_intdigest
     if len(words) <= ngram:
-        return [h(normalised.encode("utf-8"))]
+        return [h(normalised.encode("utf-8", "surrogatepass"))]
     return [
-        h(" ".join(words[i : i + ngram]).encode("utf-8")) for i in range(len(words) - ngram + 1)
+        h(" ".join(words[i : i + ngram]).encode("utf-8", "surrogatepass"))
+        for i in range(len(words) - ngram + 1)
     ]
 
 

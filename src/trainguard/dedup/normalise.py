@@ -22,5 +22,6 @@ def normalise(text: str) -> str:
 
 
 def exact_key(normalised: str) -> int:
-    """A 128-bit xxh3 hash of the normalised text: collisions are negligible at web scale."""
-    return xxhash.xxh3_128_intdigest(normalised.encode("utf-8"))
+    """A 128-bit xxh3 hash of the normalised text: collisions are negligible at web scale.
+    Text that is not valid Unicode (surrogates, `data/corpus.py`) hashes its surrogates as is."""
+    return xxhash.xxh3_128_intdigest(normalised.encode("utf-8", "surrogatepass"))

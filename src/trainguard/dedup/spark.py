@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from trainguard.data.corpus import fields_record, jsonl_record
 from trainguard.dedup import io
 from trainguard.dedup.lsh import DedupParams, UnionFind, band_keys, bucket_links, exact_edges
 from trainguard.dedup.minhash import MinHasher, shingle_set
@@ -82,8 +83,9 @@ def _read(spark: Any, path: str, fmt: str, text_field: str, id_field: str) -> tu
         )
 
         def texts(t: tuple[int, str]) -> tuple[int, str, Any]:
-            rec = io.parse_jsonl_line(t[1], f"{path}, document {t[0]}", text_field)
-            return t[0], rec[text_field], rec.get(id_field)
+            where = f"{path}, document {t[0]}"
+            rec = jsonl_record(t[1], where, (where, where), text_field, id_field)
+            return t[0], rec.text, rec.fields.get(id_field)
 
         return indexed, indexed.map(texts)
     df = spark.read.parquet(path)
@@ -92,17 +94,12 @@ def _read(spark: Any, path: str, fmt: str, text_field: str, id_field: str) -> tu
             f"{path} has no column {text_field!r} (columns: {', '.join(df.columns)})",
             "pass --text-field with the name of the text column",
         )
-    has_id = id_field in df.columns
     indexed = df.rdd.zipWithIndex().map(lambda t: (t[1], t[0]))
 
     def texts_pq(t: tuple[int, Any]) -> tuple[int, str, Any]:
-        text = t[1][text_field]
-        if not isinstance(text, str):
-            raise DataError(
-                f"{path}, document {t[0]}: null or non-string {text_field!r}",
-                "drop or fill the rows without text",
-            )
-        return t[0], text, t[1][id_field] if has_id else None
+        where = f"{path}, document {t[0]}"
+        rec = fields_record(t[1].asDict(), where, (where, where), text_field, id_field)
+        return t[0], rec.text, rec.fields.get(id_field)
 
     return indexed, indexed.map(texts_pq)
 
@@ -121,7 +118,7 @@ def dedup_file_spark(
     params = params or DedupParams()
     check_params(params)
     in_str = str(in_path)
-    fmt = io.detect_format(in_path, must_exist=not is_url(in_str))
+    fmt = io.spark_input_format(in_path)
     if fmt == "parquet" and Path(in_str).is_file():
         open_parquet(in_str, "input", DataError)  # not Parquet: a clear error, not a Java one
     clusters_path = clusters_path or default_clusters_path(Path(out_path))

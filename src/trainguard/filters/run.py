@@ -9,16 +9,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainguard.data.corpus import Record, iter_records, source_kind
 from trainguard.filters.base import FilterConfig, Flag
-from trainguard.filters.records import (
-    REJECT_FIELDS,
-    Record,
-    RecordWriter,
-    iter_records,
-    output_paths,
-    parquet_schemas,
-    source_format,
-)
+from trainguard.filters.records import REJECT_FIELDS, RecordWriter, output_paths, parquet_schemas
 from trainguard.filters.registry import Rule, apply_rules, reasons, select_rules
 from trainguard.findings import Finding
 from trainguard.util.atomic import atomic_paths
@@ -72,7 +65,7 @@ def filter_source(
     rules = select_rules(disabled)
     kept_path, rejected_path, fmt = output_paths(source, out)
     kept_schema = rejected_schema = None
-    if fmt == "parquet" and source_format(source) == "parquet":
+    if fmt == "parquet" and source_kind(source) == "parquet":
         kept_schema, rejected_schema = parquet_schemas(source)
     summary = FilterSummary(kept_path=str(kept_path), rejected_path=str(rejected_path))
     by_code: Counter[str] = Counter()

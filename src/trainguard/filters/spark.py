@@ -1,8 +1,8 @@
 """`data filter --engine spark`: the local engine's filter, one source part per Spark task.
 
-The source is cut into parts (`records.record_parts`: JSONL byte ranges, Parquet row groups, runs
-of files) that each executor reads with the local reader and filters with the same rules and
-the same writer code (`run.filter_into`), writing `part-<n>` files: the kept and rejected
+The source is cut into parts (`data.corpus.source_parts`: JSONL byte ranges, Parquet row groups,
+runs of files) that each executor reads with the one source reader and filters with the same
+rules and the same writer code (`run.filter_into`), writing `part-<n>` files: the kept and rejected
 outputs are folders of part files named like the local engine's files, whose part files in
 order hold exactly the local engine's records (JSONL: the same bytes). Both folders are written
 under temporary names and renamed into place at the end, so a failed run leaves the previous
@@ -21,17 +21,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from trainguard.data.corpus import source_bytes
+from trainguard.data.corpus import iter_part_records, source_bytes, source_kind, source_parts
 from trainguard.data.parts import part_bytes
 from trainguard.filters.base import FilterConfig
-from trainguard.filters.records import (
-    RecordWriter,
-    iter_record_part,
-    output_paths,
-    parquet_schemas,
-    record_parts,
-    source_format,
-)
+from trainguard.filters.records import RecordWriter, output_paths, parquet_schemas
 from trainguard.filters.registry import select_rules
 from trainguard.filters.run import FilterSummary, filter_into
 from trainguard.util.atomic import check_writable, make_temp_dir
@@ -49,7 +42,7 @@ def _filter_parts(parts: Any, job: dict[str, Any]) -> Any:
             RecordWriter(Path(job["kept"]) / name, fmt, job["kept_schema"]) as kept,
             RecordWriter(Path(job["rejected"]) / name, fmt, job["rejected_schema"]) as rejected,
         ):
-            records = iter_record_part(part, job["source_fmt"], job["text_field"])
+            records = iter_part_records(part, job["text_field"])
             total = filter_into(records, job["config"], rules, kept, rejected, by_code)
         yield total, kept.count, rejected.count, dict(by_code)
 
@@ -77,20 +70,18 @@ def filter_source_spark(
     kept_path, rejected_path, fmt = output_paths(source, out)
     for path in (kept_path, rejected_path):
         check_writable(path, folder=True)  # a file in the way, a read-only folder: now
-    source_fmt = source_format(source)
     kept_schema = rejected_schema = None
-    if fmt == "parquet" and source_fmt == "parquet":
+    if fmt == "parquet" and source_kind(source) == "parquet":
         kept_schema, rejected_schema = parquet_schemas(source)
     spark = get_spark(master)
     sc = spark.sparkContext
-    parts = record_parts(source, part_bytes(source_bytes(str(source)), sc.defaultParallelism))
+    parts = source_parts(source, part_bytes(source_bytes(source), sc.defaultParallelism))
     tmp = {}
     for path in (kept_path, rejected_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp[path] = make_temp_dir(path.parent, prefix=f".{path.name}.tmp-")
     job = {
         "fmt": fmt,
-        "source_fmt": source_fmt,
         "text_field": text_field,
         "config": config,
         "disabled": list(disabled),
