@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from trainguard.config.distributed import DistributedConfig
 from trainguard.config.load import load_recipe
 from trainguard.drills.faults import FaultPlan
 from trainguard.errors import BadInputError, ConfigError
@@ -20,7 +21,7 @@ from trainguard.guards.hang import missing_ranks
 from trainguard.guards.replica import compare_replicas, replica_digest
 from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
 from trainguard.numerics import fp32_accumulate_hook
-from trainguard.train.distributed import DistributedConfig, init_distributed, wrap_ddp
+from trainguard.train.distributed import init_distributed, wrap_ddp
 from trainguard.train.launch import launch_argv
 
 HOSTS = ["node-a", "node-a", "node-b", "node-b"]

@@ -1,12 +1,8 @@
 """Verified checkpoints, local and on object storage (see store.py for the contract)."""
 
+from trainguard.checkpoint.results import CheckpointInfo, LoadedCheckpoint, SaveHandle
 from trainguard.checkpoint.retry import RetryPolicy, TokenBucket, is_transient
-from trainguard.checkpoint.store import (
-    CheckpointInfo,
-    CheckpointStore,
-    LoadedCheckpoint,
-    SaveHandle,
-)
+from trainguard.checkpoint.store import CheckpointStore
 
 __all__ = [
     "CheckpointInfo",
