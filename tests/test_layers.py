@@ -35,11 +35,13 @@ FLOORS: dict[str, int] = {
     # 1 config: the recipe schema, pure pydantic (+ every */config.py); recipes are its YAML
     "config": 1,
     "recipes": 1,
-    # 2 primitives: data, the model, numerics, metric logs, detectors, checkpoints, faults
+    # 2 primitives: data, the model, numerics, metric logs, reference curves, detectors,
+    # checkpoints, faults
     "data": 2,
     "model": 2,
     "numerics": 2,
     "metrics": 2,
+    "reference": 2,
     "monitors": 2,
     "checkpoint": 2,
     "faults": 2,

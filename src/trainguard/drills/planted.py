@@ -1,4 +1,4 @@
-"""Subtle software changes for the reference drills: `python -m trainguard.drills.planted KIND
+"""Subtle software changes for the reference drills: `python -m trainguard.cli._planted KIND
 ARGS...` runs `trainguard ARGS...` with one change planted in this process only, the way a
 library upgrade or a small code edit would make it. Nothing in trainguard reads these; they
 exist so the drills (and tests) can prove the reference comparison catches them.
@@ -15,7 +15,6 @@ exist so the drills (and tests) can prove the reference comparison catches them.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -89,17 +88,3 @@ PLANTS: dict[str, Callable[[], None]] = {
     "tokenizer_merge": tokenizer_merge,
     "lr_schedule_2x": lr_schedule_2x,
 }
-
-
-def main(argv: list[str]) -> None:
-    if not argv or argv[0] not in PLANTS:
-        sys.exit(f"usage: python -m trainguard.drills.planted {{{','.join(PLANTS)}}} ARGS...")
-    PLANTS[argv[0]]()
-    from trainguard.cli import main as cli
-
-    sys.argv = ["trainguard", *argv[1:]]
-    cli()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -176,12 +176,12 @@ class DrillContext:
         planted: str | None = None,
     ) -> RunOutcome:
         """One `trainguard run` process in run dir `name` (an existing one resumes); `planted`
-        runs it with a subtle software change (`drills/planted.py`)."""
+        runs it with a subtle software change (`drills/planted.py`, through `cli/_planted.py`)."""
         run_dir = self.run_dir(name)
         env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
         if inject:
             env[ENV_VAR] = inject
-        module = ["trainguard.drills.planted", planted] if planted else ["trainguard"]
+        module = ["trainguard.cli._planted", planted] if planted else ["trainguard"]
         args = [sys.executable, "-m", *module, "run", self.recipe, "--run-dir", str(run_dir)]
         args += ["--json", "-q", *self.run_args]
         for s in [*self.settings(), *extra]:

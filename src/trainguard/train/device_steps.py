@@ -13,23 +13,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from trainguard.guards.decision import Decision
 from trainguard.guards.device import PendingStep
 from trainguard.train.actions import StepPositions, rerun_to_classify, rollback
-from trainguard.train.loop import StepResult
+from trainguard.train.loop import StepResult, Trainer
 
 MOE_COLUMNS = ("moe_drop_frac", "moe_load_max", "moe_load_min")  # monitors.moe.router_summary
 
 if TYPE_CHECKING:
-    from trainguard.train.run import RunSession
+    from trainguard.findings import Finding
+    from trainguard.guard import Guard
+    from trainguard.metrics.sinks import MetricsFanout
+    from trainguard.train.metrics import ProgressDisplay
+
+
+class RunView(Protocol):
+    """What settling a step uses of the run (its session provides it, and is handed on to
+    `train/actions.py`): only the command line imports `train/run.py` (docs/architecture.md)."""
+
+    guard: Guard
+    trainer: Trainer
+    is_main: bool
+    metrics: MetricsFanout
+    display: ProgressDisplay
+
+    def record(self, findings: list[Finding]) -> None: ...
 
 
 class DeviceSteps:
-    def __init__(self, session: RunSession) -> None:
+    def __init__(self, session: RunView) -> None:
         self.session = session
         self.held: dict[int, dict[str, Any]] = {}  # step -> its metrics row, values to come
         self._last_start: float | None = None

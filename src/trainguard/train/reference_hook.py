@@ -4,7 +4,7 @@ pure `monitors/reference.py`; this adapter feeds it from `trainguard run`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainguard.data.shards import data_identity
 from trainguard.monitors.reference import ReferenceMonitor
@@ -12,7 +12,23 @@ from trainguard.reference.select import select_reference
 from trainguard.train.envinfo import BITWISE_KEYS, drift_findings, environment_changes
 
 if TYPE_CHECKING:
-    from trainguard.train.run import RunSession
+    from trainguard.config.schema import Recipe
+    from trainguard.data.prepare import PreparedData
+    from trainguard.findings import Finding
+
+
+class RunView(Protocol):
+    """What the comparison reads of the run (its session provides it): only the command line
+    imports `train/run.py` (docs/architecture.md, floors)."""
+
+    recipe: Recipe
+    recipe_dict: dict[str, Any]
+    env: dict[str, Any]
+    data: PreparedData
+
+    def record(self, findings: list[Finding]) -> None: ...
+
+    def log_event(self, event: str, **fields: object) -> None: ...
 
 
 class RunReference:
@@ -20,7 +36,7 @@ class RunReference:
     or another recipe's without reference.force, is exit 2 (BadInputError) at once; the monitor
     is built in `attach_data`, once the thread count is applied and the data prepared."""
 
-    def __init__(self, session: RunSession) -> None:
+    def __init__(self, session: RunView) -> None:
         self.session = session
         self.selected = select_reference(session.recipe_dict)
         self.monitor: ReferenceMonitor | None = None
