@@ -485,7 +485,6 @@ ROWS = [
         )
         for name, train, spec, rest, kw in [
             ("train-missing", "{inputs}/missing.jsonl", "{spec_regex}", (), {"says": NOT_EXIST}),
-            ("train-lone-surrogate", "{surrogate}", "{spec_regex}", (), {"says": ("surrogate",)}),
             ("train-fake-parquet", "{fake_parquet}", "{spec_regex}", (), {"says": ("Parquet",)}),
             ("train-is-url", "s3://bucket/in.jsonl", "{spec_regex}", (), {"says": ("URL",)}),
             ("spec-missing", "{good}", "{inputs}/nope.yaml", (), {"says": NOT_EXIST}),

@@ -194,6 +194,16 @@ def test_text_that_is_not_unicode_is_never_fatal_nor_lost(tmp_path):
     audited = payload(invoke("check-tokenizer", tok, "--corpus", source, "--json"))
     assert audited["stats"]["round_trip_docs"] == len(DOCS)
 
+    # Contamination reads the training documents as training does: both set aside, not fatal.
+    words = DOCS["doc03.txt"].split()
+    example = {"prompt": " ".join(words[:10]), "answer": " " + " ".join(words[10:20])}
+    _write(tmp_path / "ex.jsonl", json.dumps(example).encode() + b"\n")
+    spec = b"name: s\ntasks:\n- {name: t, type: generation, data: ex.jsonl}\n"
+    spec_path = _write(tmp_path / "spec.yaml", spec)
+    found = payload(invoke("data", "contamination", source, "--evals", spec_path, "--json"))
+    assert [f["data"]["training_documents"] for f in found["findings"]] == [len(DOCS)]
+    assert "doc03.txt" in found["tasks"][0]["contaminated"][0]["train_ids"]
+
 
 def test_dedup_reads_a_folder_and_writes_its_records_as_jsonl(tmp_path):
     docs = {**DOCS, "copy.txt": DOCS["doc03.txt"]}
