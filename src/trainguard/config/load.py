@@ -64,10 +64,14 @@ def read_recipe_yaml(
     return raw
 
 
+RECIPE_FILE = "recipe.yaml"
+"""The recipe a run was started with, in its run dir (written by `train/rundir.py`)."""
+
+
 def read_run_recipe(run_dir: str | Path) -> dict[str, Any]:
     """RUN_DIR/recipe.yaml (the recipe a run was started with) as a dict ({} when absent);
-    ConfigError (exit 2) when damaged. Read by `run` on resume and by `report`."""
-    path = Path(run_dir) / "recipe.yaml"
+    ConfigError (exit 2) when damaged. Read by `run` on resume, `report` and `batch`."""
+    path = Path(run_dir) / RECIPE_FILE
     if not path.exists():
         return {}
     fix = (

@@ -60,8 +60,7 @@ class BatchView:
 
 
 def _open_run(run_dir: Path) -> tuple[list[dict[str, Any]], Recipe]:
-    from trainguard.config.load import validate_recipe
-    from trainguard.train.rundir import RECIPE_FILE, read_run_recipe
+    from trainguard.config.load import RECIPE_FILE, read_run_recipe, validate_recipe
 
     if not run_dir.is_dir():
         raise BadInputError(

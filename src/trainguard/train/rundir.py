@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from trainguard.config.load import RESUMABLE_KEYS, read_run_recipe, recipe_diff
+from trainguard.config.load import RECIPE_FILE, RESUMABLE_KEYS, read_run_recipe, recipe_diff
 from trainguard.errors import ResumeMismatchError, RunDirBusyError, StorageError, TrainguardError
 from trainguard.monitors.watchdog import remove_unused_backstops
 from trainguard.util.atomic import atomic_write_text
@@ -32,7 +32,6 @@ from trainguard.util.runlock import HOLDER_ENV, LOCK_FILE, FolderLock, held_by
 if TYPE_CHECKING:
     from trainguard.train.distributed import Dist
 
-RECIPE_FILE = "recipe.yaml"
 _ERRORS: dict[str, type[TrainguardError]] = {
     "RunDirBusyError": RunDirBusyError,
     "StorageError": StorageError,
