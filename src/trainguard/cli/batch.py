@@ -7,12 +7,11 @@ from typing import Annotated
 
 import typer
 
-from trainguard.cli.common import console, emit, handle_errors
+from trainguard.cli.common import console, emit
 
 
 def register(app: typer.Typer) -> None:
     @app.command("batch")
-    @handle_errors
     def batch(
         run_dir: Annotated[Path, typer.Argument(help="The run dir of a `trainguard run`.")],
         step: Annotated[int, typer.Option("--step", help="The step (1-based, as logged).")],
