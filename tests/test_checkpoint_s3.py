@@ -373,7 +373,7 @@ def test_a_store_that_does_not_answer_is_a_storage_error_before_any_work(tmp_pat
     import socket
 
     from trainguard.errors import exit_status_for
-    from trainguard.train.shared_store import SharedStore, probe_store
+    from trainguard.train.resume import probe_store
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -386,7 +386,7 @@ def test_a_store_that_does_not_answer_is_a_storage_error_before_any_work(tmp_pat
         retry=RetryPolicy(attempts=1, base_delay_s=0.0, stagger_s=0.0),
     )
     with pytest.raises(StorageError, match=f"cannot list the checkpoint store {url}") as e:
-        probe_store(SharedStore(store, dist=None), url)
+        probe_store(store, url)
     assert exit_status_for(e.value) == 2 and "trainguard doctor" in e.value.fix
 
 

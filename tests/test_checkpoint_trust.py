@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from runhelpers import forge_manifest, run_cli
 from trainguard.checkpoint import CheckpointStore
+from trainguard.checkpoint.layout import classify
 from trainguard.checkpoint.manifest import MANIFEST, build_manifest, manifest_bytes
 from trainguard.cli import app
 from trainguard.codes import all_codes
@@ -238,16 +239,24 @@ def _tiny_training_state():
 def test_unloadable_checkpoints_fall_back_naming_the_file(tmp_path: Path) -> None:
     from safetensors.torch import save_model
 
+    from loophelpers import run_checkpointer, run_state
+    from trainguard import ElasticSampler
     from trainguard.model.gpt import GPT
-    from trainguard.train.restore import choose_checkpoint
-    from trainguard.train.state import TrainerState, write_checkpoint_files
+    from trainguard.train.layout import Progress
 
-    recipe, model, optimizer, recipe_dict = _tiny_training_state()
+    recipe, model, optimizer, _ = _tiny_training_state()
     root = tmp_path / "ckpts"
-    store = CheckpointStore(str(root), keep=5)
+    checkpointer = run_checkpointer(root)
+    progress = Progress()
+    sampler = ElasticSampler(100, global_batch_size=2, seed=0)
+    state = run_state(model, optimizer, sampler, progress=progress)
+    saved = {}
     for s in (1, 2, 3, 4):
-        state = TrainerState(step=s)
-        store.save(s, lambda f, st=state: write_checkpoint_files(f, model, optimizer, st, {}, {}))
+        progress.step = s
+        with torch.no_grad():  # every step's weights differ: a half-loaded model would show
+            next(model.parameters()).add_(1.0)
+        saved[s] = {k: v.clone() for k, v in model.state_dict().items()}
+        checkpointer.save(s, state)
     other = GPT(recipe.model.model_copy(update={"d_model": 32}), vocab_size=32, seq_len=8)
     save_model(other, str(root / "step-4" / "model.safetensors"))  # wrong tensor shapes
     sd = torch.load(root / "step-3" / "optimizer.pt", weights_only=True)
@@ -257,45 +266,45 @@ def test_unloadable_checkpoints_fall_back_naming_the_file(tmp_path: Path) -> Non
     (root / "step-2" / "trainer.json").write_text('{"step": "two"}')
     for s in (2, 3, 4):
         reseal(root / f"step-{s}")
+    # Checking a step reads its files against the model and changes nothing.
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    chosen = choose_checkpoint(store, model, optimizer)
-    assert chosen.loaded.step == 1
-    named = {(f.step, f.data["file"]) for f in chosen.findings if f.code == "C111"}
-    assert named == {(4, "model.safetensors"), (3, "optimizer.pt"), (2, "trainer.json")}
+    parts = classify(state)
+    assert codes(checkpointer.layout.check(root / "step-4", parts, 4)) == ["C111"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched
+    assert checkpointer.load_latest(state) == 1
+    named = {(f.step, f.data["file"]) for f in checkpointer.last_findings if f.code == "C111"}
+    assert named == {(4, "model.safetensors"), (3, "optimizer.pt"), (2, "trainer.json")}
+    assert all(torch.equal(saved[1][k], v) for k, v in model.state_dict().items())
+    assert progress.step == 1
 
 
 def test_rollback_falls_back_past_a_pickled_optimizer_file(tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
+    from loophelpers import context, run_checkpointer, run_state
+    from trainguard import ElasticSampler
     from trainguard.guard import Guard
     from trainguard.guards.decision import Decision
-    from trainguard.train.actions import StepPositions, rollback
-    from trainguard.train.state import TrainerState, write_checkpoint_files
+    from trainguard.train import spine
+    from trainguard.train.callback import Callbacks
+    from trainguard.train.layout import Progress
 
     _, model, optimizer, _ = _tiny_training_state()
     root = tmp_path / "ckpts"
-    store = CheckpointStore(str(root), keep=5)
+    checkpointer = run_checkpointer(root, keep=5)
+    sampler = ElasticSampler(100, global_batch_size=2, seed=0)
+    progress, guard, callbacks = Progress(), Guard(), Callbacks([])
+    state = run_state(model, optimizer, sampler, progress=progress, guard=guard)
     for s in (4, 8):
-        state = TrainerState(step=s)
-        store.save(s, lambda f, st=state: write_checkpoint_files(f, model, optimizer, st, {}, {}))
+        progress.step = s
+        checkpointer.save(s, state)
     torch.save({"state": argparse.Namespace(evil=True)}, root / "step-8" / "optimizer.pt")
     reseal(root / "step-8")
-    recorded = []
-    session = SimpleNamespace(
-        store=store,
-        model=model,
-        optimizer=optimizer,
-        state=TrainerState(step=9),
-        guard=Guard(),
-        trainer=SimpleNamespace(global_batch=2),
-        record=recorded.extend,
-        log_event=lambda *a, **k: None,
-        display=SimpleNamespace(message=lambda m: None),
-    )
-    rollback(session, Decision(9, "rollback", []), StepPositions())
-    assert session.state.step == 4
-    (c111,) = [f for f in recorded if f.code == "C111"]
+    ctx = context(tmp_path / "run", model, optimizer)
+    ctx.progress = progress
+    progress.step = 9
+    loop = spine.Loop(ctx, None, sampler, guard, checkpointer, callbacks, state)
+    spine.roll_back(loop, Decision(9, "rollback", []))
+    assert ctx.step == 4
+    (c111,) = [f for f in ctx.findings if f.code == "C111"]
     assert c111.step == 8 and "optimizer.pt" in c111.message
     assert "weights_only" not in c111.message
 

@@ -290,6 +290,34 @@ def test_layout_hook_keeps_an_existing_file_layout(tmp_path: Path) -> None:
         Checkpointer(tmp_path / "run").load_latest({"model": nn.Linear(3, 2), "loader": {}})
 
 
+class CheckingLayout(RunLayout):
+    """RunLayout that reads its steps against the caller's objects first (as `run`'s does)."""
+
+    def __init__(self, bad: set[int]) -> None:
+        self.bad = bad
+
+    def check(self, folder: Path, parts, step: int) -> list:
+        from trainguard.checkpoint.inventory import unloadable
+
+        return (
+            [unloadable(step, folder, "loader.json", "it does not fit")] if step in self.bad else []
+        )
+
+
+def test_layout_check_passes_a_step_over_and_the_meta_comes_back(tmp_path: Path) -> None:
+    model = nn.Linear(3, 2)
+    ckpt = Checkpointer(tmp_path / "run", keep=5, layout=CheckingLayout(bad=set()))
+    for s in (4, 8):
+        ckpt.save(s, {"model": model, "loader": {"position": s}}, meta={"data": {"v": s}})
+    state = {"model": nn.Linear(3, 2), "loader": {}}
+    reader = Checkpointer(tmp_path / "run", layout=CheckingLayout(bad={8}))
+    assert reader.load_latest(state) == 4  # step 8 verifies but does not fit: passed over
+    assert [(f.code, f.step) for f in reader.last_findings if f.code == "C111"] == [("C111", 8)]
+    assert state["loader"] == {"position": 4}
+    assert reader.last_meta["data"] == {"v": 4} and reader.last_path.name == "step-4"
+    assert "checkpointer" in reader.last_meta  # its own entry stays beside the caller's
+
+
 class Evil:
     """What an attacker plants: a pickle that runs a shell command when loaded."""
 

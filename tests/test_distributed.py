@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 from trainguard.config.distributed import DistributedConfig
 from trainguard.config.load import load_recipe
-from trainguard.drills.faults import FaultPlan
 from trainguard.errors import BadInputError, ConfigError
+from trainguard.faults import FaultPlan
 from trainguard.guard import Guard
 from trainguard.guards.distributed import DistributedGuards
 from trainguard.guards.hang import missing_ranks

@@ -189,5 +189,7 @@ def test_checkpoints_on_s3_resume_with_two_processes(
         assert steps == ["step-12", "step-4", "step-8"]  # keep=3
         for s in steps:
             assert fs.exists(f"ckpts/tiny/{s}/manifest.json")
-        # Each rank fetched the checkpoint into its own cache folder.
-        assert len(list((tmp_path / "tgcache").rglob("rank1"))) == 1
+        # The machine fetched step 4 once into its node cache; both ranks read that copy.
+        from test_distributed_store import cached_steps
+
+        assert cached_steps(tmp_path / "tgcache").count("step-4") == 1

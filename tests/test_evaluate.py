@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from runhelpers import tiny_recipe_dict
 from trainguard.config.load import validate_recipe
 from trainguard.data.prepare import prepare_data
-from trainguard.train.loop import Trainer
+from trainguard.train.compute import Trainer
 from trainguard.train.optim import build_optimizer
 from trainguard.train.run import build_model
 

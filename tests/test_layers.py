@@ -65,27 +65,14 @@ FLOORS: dict[str, int] = {
     "__main__": 6,
 }
 
-# Known upward imports inside train/ that the run's rebuild (issue 11, branch `rebuild`)
-# removes: the fault plan moves out of drills/ below train/. The coordinator deletes these
-# entries when the rebuild lands; an entry that no longer matches an import fails the test,
-# so this list only shrinks. Nothing outside train/ may be listed here.
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    ("trainguard.train.loop", "trainguard.drills.faults"): "rebuild: faults below train/",
-    ("trainguard.train.run", "trainguard.drills.faults"): "rebuild: faults below train/",
-}
+# Known upward imports (none since the run's rebuild moved the fault plan below train/); an
+# entry that no longer matches an import fails the test, so this list only shrinks.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 # `train/run.py` is the top of the run: only the command line (and the lazy public name
 # `trainguard.run_recipe`) may import it; parts get a narrow context instead (issue 11).
 RUN = "trainguard.train.run"
-ALLOWED_RUN_IMPORTERS: dict[str, str] = {
-    # The rebuild gives these a narrow context instead of RunSession (callbacks); delete the
-    # entries when it lands.
-    "trainguard.train.actions": "rebuild: callbacks get a narrow context",
-    "trainguard.train.evals_hook": "rebuild: callbacks get a narrow context",
-    "trainguard.train.multiproc": "rebuild: callbacks get a narrow context",
-    "trainguard.train.outcome": "rebuild: callbacks get a narrow context",
-    "trainguard.train.preflight": "rebuild: callbacks get a narrow context",
-}
+ALLOWED_RUN_IMPORTERS: dict[str, str] = {}  # callbacks get a narrow context instead
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from runhelpers import run_cli
 from test_model import T, V, make_model, tokens
 from test_run_resume import assert_bitwise_equal, final_weights, step_rows
 from trainguard.config.load import load_recipe
-from trainguard.train.loop import Trainer
+from trainguard.train.compute import Trainer
 from trainguard.train.optim import Muon, OptimizerSet, build_optimizer, orthogonalize
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from runhelpers import tiny_recipe_dict
 from trainguard.config.load import validate_recipe
-from trainguard.drills.faults import FaultPlan
+from trainguard.faults import FaultPlan
 from trainguard.train.run import run_recipe
 
 # under pytest-xdist the module's tests run on one worker, so its module fixture is built once

@@ -7,21 +7,18 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from loophelpers import loop_without_data
 from trainguard import ElasticSampler
-from trainguard.checkpoint import CheckpointStore
 from trainguard.data.order import ElasticOrder, batch_hash
 from trainguard.errors import BadInputError
-from trainguard.guard import Guard
 from trainguard.guards.decision import Decision
-from trainguard.train.actions import StepPositions, next_position, rollback
-from trainguard.train.state import TrainerState, write_checkpoint_files
+from trainguard.train import spine
 
 
 def sampler(n: int = 10, g: int = 4, **kw) -> ElasticSampler:
@@ -53,47 +50,51 @@ def test_a_batch_straddles_the_epoch_boundary() -> None:
 
 # -- the same order as `trainguard run` ----------------------------------------------------------
 def test_positions_and_hashes_equal_runs_reader_with_rollbacks(tmp_path: Path) -> None:
-    """Drive `trainguard run`'s own reader (TrainerState, next_position) and its rollback
-    (train/actions.py, real checkpoints) on 10 samples in batches of 4, so that batches
-    straddle epochs; the sampler, given the same bad steps, reads every step's batch alike."""
+    """`trainguard run`'s rollback (train/spine.py: real checkpoints in the run's layout, the
+    guard's restore) on 10 samples in batches of 4, so that batches straddle epochs: every step
+    reads what the run read before the sampler (`OldReader`, its reader kept here as the
+    reference: the position advances one global batch per step, jumps over skipped ranges, and
+    a rollback restores the checkpoint's position and skips the bad steps' batches)."""
     n, g = 10, 4
     order = ElasticOrder(n, 7)
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    session = SimpleNamespace(
-        state=TrainerState(),
-        trainer=SimpleNamespace(order=order, global_batch=g),
-        store=CheckpointStore(str(tmp_path / "ckpt"), keep=10),
-        model=model,
-        optimizer=optimizer,
-        guard=Guard(),
-        record=lambda findings: None,
-        log_event=lambda *a, **k: None,
-        display=SimpleNamespace(message=lambda m: None),
-    )
-    positions = StepPositions()
+    loop = loop_without_data(tmp_path, num_samples=n, global_batch=g)
+    ctx, s = loop.ctx, loop.sampler
+
+    class OldReader:
+        def __init__(self) -> None:
+            self.position, self.skipped, self.saved = 0, {}, {}
+            self.read: dict[int, int] = {}
+
+        def next(self, step: int) -> int:
+            while self.position in self.skipped:
+                self.position = self.skipped[self.position]
+            self.read[step] = self.position
+            return self.position
+
+        def rollback(self, to: int, bad: list[int]) -> None:
+            for b in bad:
+                if b > to:
+                    self.skipped[self.read[b]] = self.read[b] + g
+            self.position = self.saved[to]
+
+    old = OldReader()
     run_hashes: dict[int, str] = {}  # the last batch each (1-based) step read
-    s = sampler(n, g)
 
     def steps_until(last: int) -> None:
-        while session.state.step < last:
-            step = session.state.step + 1
-            pos = next_position(session)
-            positions.record(step, pos)
+        while ctx.step < last:
+            step = ctx.step + 1
+            pos = s.position(step - 1)
+            assert pos == old.next(step), step
             run_hashes[step] = batch_hash(order.sample_ids(pos, g))
-            session.state.advance(g, 0, n)
+            ctx.progress.advance(0)
+            old.position += g
             if step % 3 == 0:
-                session.store.save(
-                    step,
-                    lambda folder: write_checkpoint_files(
-                        folder, model, optimizer, session.state, {}, {}
-                    ),
-                )
+                loop.checkpointer.save(step, loop.state)
+                old.saved[step] = old.position
 
     def roll_back(at: int, bad: list[int]) -> None:
-        rollback(session, Decision(at, "rollback", bad_steps=bad), positions)
-        restored = session.state.step
-        s.skip([b - 1 for b in bad if b - 1 >= restored])  # what Guard.rollback records
+        spine.roll_back(loop, Decision(at, "rollback", bad_steps=bad))
+        old.rollback(ctx.step, bad)
 
     steps_until(5)
     roll_back(5, [4, 5])  # back to 3; steps 4 and 5 read new batches
@@ -102,11 +103,16 @@ def test_positions_and_hashes_equal_runs_reader_with_rollbacks(tmp_path: Path) -
     steps_until(9)
     roll_back(9, [7, 9])  # back to 9, the newest checkpoint: nothing left to skip
     steps_until(14)
-    assert s.skipped_positions == session.state.skipped_positions
+    assert s.skipped_positions == sorted([a, b] for a, b in old.skipped.items())
     assert len(s.skipped_positions) == 4
     for step, h in run_hashes.items():
         assert s.batch_hash(step - 1) == h, step
-        assert s.position(step - 1) == positions.get(step), step
+    events = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").open())]
+    assert [(e["from_step"], e["to_step"]) for e in events if e.get("event") == "rollback"] == [
+        (5, 3),
+        (8, 6),
+        (9, 9),
+    ]
     fresh = sampler(n, g)
     fresh.load_state_dict(json.loads(json.dumps(s.state_dict())))  # a checkpoint round trip
     assert [fresh.batch_hash(k) for k in range(14)] == [run_hashes[k + 1] for k in range(14)]

@@ -29,7 +29,7 @@ from typing import Any
 
 from trainguard.checkpoint.group import CheckpointGroup
 from trainguard.checkpoint.layout import FlatLayout, Layout, Part, check_keys, classify
-from trainguard.checkpoint.results import AsyncSave
+from trainguard.checkpoint.results import AsyncSave, LoadedCheckpoint
 from trainguard.checkpoint.resume import (
     check_payload,
     name_rank,
@@ -107,15 +107,21 @@ class Checkpointer:
         )
         self.sharded_io = ShardedIO(self.store, self.group, on_phase)
         self.last_findings: list[Finding] = []
+        # The step `load_latest` restored: its local folder and its manifest's `meta`.
+        self.last_path: Path | None = None
+        self.last_meta: dict[str, Any] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._pending: AsyncSave | None = None
         self._housekeeping: list[Future[None]] = []  # background retention
 
     # -- saving --------------------------------------------------------------------------------
-    def save(self, step: int, state: dict[str, Any]) -> str | AsyncSave:
+    def save(
+        self, step: int, state: dict[str, Any], meta: dict[str, Any] | None = None
+    ) -> str | AsyncSave:
         """Save `state` as step `step` (completed steps); collective. Returns the checkpoint's
         path or URL, or with `async_save=True` an AsyncSave handle (the state is captured
-        before this returns, so the caller may change it right away)."""
+        before this returns, so the caller may change it right away). `meta`: plain data for
+        the manifest's `meta` (e.g. what the data was), read back as `last_meta`."""
         t0 = time.perf_counter()
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise BadInputError(f"step={step!r}", "pass the number of completed steps, an int >= 0")
@@ -123,13 +129,14 @@ class Checkpointer:
         self._drain()
         sharded = self._is_sharded(parts)
         meta = {
+            **(meta or {}),
             "checkpointer": {
                 "format": FORMAT,
                 "layout": DCP_LAYOUT if sharded else self.layout.name,
                 "sharded": sharded,
                 "world_size": self.group.size,
                 "keys": {p.key: p.kind for p in parts},
-            }
+            },
         }
         if sharded:  # the generator states travel with the shards' checksums to rank 0
             write = self.sharded_io.prepare_save(step, parts, capture_rng(), self.async_save, meta)
@@ -244,7 +251,7 @@ class Checkpointer:
         choice, findings, error, mine = None, [], None, None
         if self.group.rank == 0:
             try:
-                loaded = self.store.load_latest(usable=check_payload)
+                loaded = self.store.load_latest(usable=lambda c: self._usable(c, parts))
                 findings = self.store.last_findings
                 if loaded is not None:
                     choice = (loaded.step, loaded.manifest["manifest_checksum"], loaded.manifest)
@@ -277,7 +284,19 @@ class Checkpointer:
                 self.store.backend.release_cache()
         findings += restore_generators(rng, step, self.group.rank, self.group.size)
         self._report(findings)
+        self.last_path, self.last_meta = folder, dict(manifest.get("meta") or {})
         return step
+
+    def _usable(self, loaded: LoadedCheckpoint, parts: list[Part]) -> list[Finding]:
+        """Rank 0's checks of a verified step before it is chosen: the payload's format, then
+        the layout's own (a layout with `check(folder, parts, step) -> findings` reads its
+        files against the caller's objects; an error finding passes the step over)."""
+        found = check_payload(loaded)
+        info = loaded.manifest.get("meta", {}).get("checkpointer") or {}
+        check = getattr(self.layout, "check", None)
+        if found or check is None or info.get("sharded"):
+            return found
+        return check(loaded.path, parts, loaded.step)
 
     def _folder(self, step: int, checksum: str, verified: Path | None) -> Path:
         """The verified local folder of `step` on this rank; collective. `verified` is rank 0's.
@@ -312,6 +331,8 @@ class Checkpointer:
         self, folder: Path, parts: list[Part], state: dict, step: int, meta: dict
     ) -> list[dict]:
         info = meta.get("checkpointer")
+        if info is None and getattr(self.layout, "reads_unmarked", False):
+            return self.layout.read(folder, parts, state, step)  # the layout's older files
         if not isinstance(info, dict) or info.get("format") != FORMAT:
             raise BadInputError(
                 f"checkpoint step {step} in {self.root} was not written by a Checkpointer "

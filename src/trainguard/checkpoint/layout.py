@@ -119,7 +119,12 @@ class Layout(Protocol):
     `snapshot` runs in the caller's thread and must capture everything (with `copy=True` the
     caller mutates the state right after); `write` may run in a background thread and only
     sees the snapshot; `read` restores the caller's state in place and returns the saved
-    per-rank RNG states (a list indexed by rank). `name` is recorded in the manifest."""
+    per-rank RNG states (a list indexed by rank). `name` is recorded in the manifest.
+
+    Optional: `check(folder, parts, step) -> list[Finding]` reads a verified step against the
+    caller's objects without changing them, on rank 0 before the step is chosen (an error
+    finding passes it over like a checksum mismatch: C111 when a file does not fit); a true
+    `reads_unmarked` lets it read steps whose manifest predates the Checkpointer's entry."""
 
     name: str
 

@@ -12,8 +12,8 @@ hook with a traceback or a "Fatal Python error". Every file trainguard writes is
 atomically, so ending at once loses nothing that was complete.
 
 Inside a torchrun worker SIGTERM keeps its default action: the elastic agent sends it to tear a
-job down, and it must end even a rank stuck in a collective (after `train/multiproc.py` has
-dumped its stacks).
+job down, and it must end even a rank stuck in a collective (after the distributed guards
+(`guards/distributed.py`) have dumped its stacks).
 """
 
 from __future__ import annotations

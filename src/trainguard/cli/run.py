@@ -89,7 +89,7 @@ def _launch_job(
     recipe), launch them, and collect rank 0's result."""
     from trainguard.monitors.watchdog import remove_unused_backstops
     from trainguard.train.launch import launch
-    from trainguard.train.restore import start_fresh
+    from trainguard.train.resume import start_fresh
     from trainguard.train.rundir import ensure_writable
     from trainguard.util.runlock import HOLDER_ENV, FolderLock
 

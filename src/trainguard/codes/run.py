@@ -308,7 +308,7 @@ register(
         fix="If a code now catches the fault, turn the drill into a detection drill (expected "
         "codes, recovery) and update the drill matrix and docs/drills.md; if the fault did not "
         "land, check that the flipped weight is still read by every step "
-        "(drills/faults.py).",
+        "(faults.py).",
         false_positives="None known: the clean run and the drill run are bitwise deterministic "
         "on CPU, so equal weights mean the fault had no effect.",
         references=("docs/drills.md",),

@@ -1,5 +1,5 @@
 """Multi-process fire drills: real `trainguard run --nproc N` jobs (gloo on CPU) with one fault
-on rank 1 (`/r1` in `TRAINGUARD_INJECT`, see `drills/faults.py` and docs/distributed.md).
+on rank 1 (`/r1` in `TRAINGUARD_INJECT`, see `faults.py` and docs/distributed.md).
 
 - `replica`    `bitflip@F+1/r1`, 3 ranks: the replica check (every 2 steps) names rank 1
                (H201) and every rank rolls back to the newest checkpoint.

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.drills.faults import ENV_VAR
 from trainguard.drills.matrix import DrillRow
 from trainguard.errors import BadInputError
+from trainguard.faults import ENV_VAR
 
 # The default recipe at drill size: a run takes seconds, yet is long enough for the spike
 # detector (20 steps of history) to act. lr 1e-3 with a 20-step warm-up, because at the

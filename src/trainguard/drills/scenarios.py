@@ -2,7 +2,7 @@
 
 A drill takes a `DrillContext` (how to launch real runs at drill settings) and returns a
 `DrillRow`. Adding one is a decorated function; most are a fault plan (`TRAINGUARD_INJECT`,
-see `drills/faults.py`) plus the codes that must catch it:
+see `faults.py`) plus the codes that must catch it:
 
     @drill("straggler", "one rank 0.2 s slower per step")
     def straggler(ctx):

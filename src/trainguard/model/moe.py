@@ -86,7 +86,7 @@ class MoEFeedForward(nn.Module):
         # on a built layer, `layer.capacity_priority = "score"`.
         self.capacity_priority: Literal["position", "score"] = "position"
         # A collapsed router, planted: every token's router probabilities become one-hot on
-        # this expert (the `collapse@N` fault of drills/faults.py; tests of the MoE health
+        # this expert (the `collapse@N` fault of faults.py; tests of the MoE health
         # detectors). None, the default, routes normally.
         self.forced_expert: int | None = None
         self.gate = nn.Linear(d_model, cfg.n_experts, bias=False)  # W_g: router logits

@@ -1,101 +1,77 @@
-"""Acting on the guard's decisions inside `trainguard run`: skip, rerun to classify, roll back,
-halt. Skipped data positions are recorded in the trainer state (and so in checkpoints), which
-keeps the data order deterministic and auditable after a rollback.
-"""
+"""Acting on the guard's decisions inside `trainguard run`'s loop: rerun a suspect step to
+classify it, roll back to the newest verified checkpoint, halt when the replicas keep diverging.
+Both loops call these: the host path (`train/spine.py`) at once, the device path
+(`train/device_steps.py`) when a decision is read back a step later."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from trainguard.errors import RunHalted
+from trainguard.errors import NoUsableCheckpoint, RunHalted
 from trainguard.guards.decision import Decision
-from trainguard.train.loop import StepResult
-from trainguard.train.restore import choose_checkpoint
-from trainguard.train.state_load import apply_checkpoint
+from trainguard.guards.rollback import restore
+from trainguard.train.compute import StepResult
 
 if TYPE_CHECKING:
-    from trainguard.train.run import RunSession
-
-# How many recent steps' data positions we remember, to skip their batches after a rollback.
-POSITION_MEMORY = 4096
+    from trainguard.train.spine import Loop
 
 
-class StepPositions:
-    """Where in the data order each recent step started (a bounded map)."""
-
-    def __init__(self) -> None:
-        self._map: OrderedDict[int, int] = OrderedDict()
-
-    def record(self, step: int, position: int) -> None:
-        self._map[step] = position
-        while len(self._map) > POSITION_MEMORY:
-            self._map.popitem(last=False)
-
-    def get(self, step: int) -> int | None:
-        return self._map.get(step)
-
-
-def next_position(session: RunSession) -> int:
-    """The data position of the next step, jumping over ranges a rollback marked bad."""
-    state = session.state
-    num_samples = session.trainer.order.num_samples
-    skipped = {start: end for start, end in state.skipped_positions}
-    while state.loader_position in skipped:
-        state.skip_data(skipped[state.loader_position] - state.loader_position, num_samples)
-    return state.loader_position
-
-
-def rerun_to_classify(
-    session: RunSession, decision: Decision, first: StepResult, position: int
-) -> None:
-    """Recompute the suspect step from the same state and batch; say hardware or software."""
-    second = session.trainer.forward_backward(decision.step, position)
-    verdict = session.guard.classify_rerun(
+def rerun(loop: Loop, decision: Decision, first: StepResult, position: int) -> None:
+    """Recompute the suspect step from the same state and batch; say hardware or software.
+    The update stays unapplied either way: a corrupt first result is not to be trusted, and a
+    reproducible bad one is exactly what the guard refused."""
+    with loop.guard.phase("data", decision.step):
+        second = loop.trainer.forward_backward(decision.step, position)
+    verdict = loop.guard.classify_rerun(
         (first.loss, first.grad_norm), (second.loss, second.grad_norm), step=decision.step
     )
     decision.findings.append(verdict)
-    # The update stays unapplied either way: a corrupt first result is not to be trusted,
-    # and a reproducible bad one is exactly what the guard refused.
-    session.trainer.discard_update()
+    loop.trainer.discard_update()
 
 
-def rollback(session: RunSession, decision: Decision, positions: StepPositions) -> None:
-    """Return to the newest valid checkpoint and skip the batches of the bad steps."""
-    chosen = choose_checkpoint(session.store, session.model, session.optimizer)
-    loaded, content = chosen.loaded, chosen.content
-    if loaded is None or content is None:
-        why = "; ".join(f.message for f in chosen.findings if f.code == "C107")
+def roll_back(loop: Loop, decision: Decision) -> None:
+    """Return to the newest verified checkpoint (`guards.rollback.restore`, as `Guard.rollback`
+    does) and never read the bad steps' batches again. The guard's counters, the sampler's
+    earlier skips and the callbacks' state outlive the restore (a rollback rewinds the model,
+    not the run's history)."""
+    ctx = loop.ctx
+    kept = loop.callbacks.state_dict()
+    bad = [s - 1 for s in decision.bad_steps]  # the sampler counts steps from 0
+    # The batch each bad step read, by step (`trainguard batch --step N` finds it here); the
+    # restore keeps the sampler's skips, so these are the positions as read.
+    read_at = {s: loop.sampler.position(s - 1) for s in decision.bad_steps}
+    try:
+        to_step, event = restore(
+            loop.guard, loop.checkpointer, loop.state, loop.sampler, bad, decision.step
+        )
+    except (NoUsableCheckpoint, RunHalted) as e:
+        why = f" ({e.message})" if isinstance(e, NoUsableCheckpoint) else ""
         raise RunHalted(
             f"the guard asked for a rollback at step {decision.step} but there is no valid "
-            "checkpoint to return to" + (f" ({why})" if why else ""),
+            f"checkpoint to return to{why}",
             "lower checkpoint.interval so a good state is on disk, or lower train.lr",
-        )
-    counters = session.guard.state_dict()  # the rollback count must survive the restore
-    previous_skips = session.state.skipped_positions
-    state, _ = apply_checkpoint(content, loaded.path, session.model, session.optimizer)
-    global_batch = session.trainer.global_batch
-    bad_positions = {
-        s: pos
-        for s in decision.bad_steps
-        if s > loaded.step and (pos := positions.get(s)) is not None
-    }
-    new_skips = [[pos, pos + global_batch] for pos in bad_positions.values()]
-    state.skipped_positions = sorted({tuple(r) for r in previous_skips + new_skips})
-    state.skipped_positions = [list(r) for r in state.skipped_positions]
-    session.state = state
-    session.guard.load_state_dict(counters)
-    session.guard.after_rollback(state.guard)
-    session.record(chosen.findings)
-    session.log_event(
+        ) from None
+    loop.callbacks.load_state_dict(kept)
+    ctx.record(loop.checkpointer.last_findings)
+    skipped = event["skipped_positions"]
+    ctx.log_event(
         "rollback",
         from_step=decision.step,
-        to_step=loaded.step,
-        skipped_positions=new_skips,
-        # The batch each bad step read, by step: `trainguard batch --step N` finds it here.
-        bad_positions={str(s): pos for s, pos in bad_positions.items()},
+        to_step=to_step,
+        skipped_positions=skipped,
+        bad_positions={str(s): pos for s, pos in read_at.items() if s > to_step},
     )
-    session.display.message(
-        f"rollback: step {decision.step} -> checkpoint {loaded.step}, "
-        f"skipping {len(new_skips)} bad batches"
+    ctx.display.message(
+        f"rollback: step {decision.step} -> checkpoint {to_step}, "
+        f"skipping {len(skipped)} bad batches"
+    )
+
+
+def replicas_halted(end: Decision) -> RunHalted:
+    """The replicas diverged more often than `guards.max_rollbacks` allows: a host, not data."""
+    h201 = [f for f in end.findings if f.code == "H201"]
+    last = h201[-1].message if h201 else "see the findings"
+    return RunHalted(
+        f"the replicas diverged again at step {end.step} (H201, R203): {last}",
+        "drain the named hosts and restart; raise guards.max_rollbacks to retry more",
     )

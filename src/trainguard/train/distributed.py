@@ -22,7 +22,7 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,14 +31,19 @@ from trainguard.config.distributed import DistributedConfig
 from trainguard.errors import ConfigError
 from trainguard.guards.group import MonitorGroup
 
-if TYPE_CHECKING:  # config/schema.py imports this module; the loop imports the schema
-    from trainguard.train.loop import World
 
+@dataclass
+class World:
+    """This process's place among the data-parallel ranks (1 process by default)."""
 
-def _world(rank: int = 0, size: int = 1) -> World:
-    from trainguard.train.loop import World
+    rank: int = 0
+    size: int = 1
 
-    return World(rank=rank, size=size)
+    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return t
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t / self.size
 
 
 def _td(seconds: float) -> datetime.timedelta:
@@ -53,7 +58,7 @@ def env_world_size(env: dict[str, str] | None = None) -> int:
 class Dist:
     """This process's place in the job and the collectives trainguard uses."""
 
-    world: World = field(default_factory=_world)
+    world: World = field(default_factory=World)
     config: DistributedConfig = field(default_factory=DistributedConfig)
     local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -145,7 +150,7 @@ def init_distributed(
             backend, rank=rank, world_size=size, timeout=_td(config.init_timeout_s)
         )
     return Dist(
-        world=_world(rank, size),
+        world=World(rank, size),
         config=config,
         local_rank=local_rank,
         device=device,

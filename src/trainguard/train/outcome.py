@@ -7,13 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainguard.errors import ExitStatus, RunHung, exit_status_for
 from trainguard.findings import Finding
-
-if TYPE_CHECKING:
-    from trainguard.train.run import RunSession
 
 
 @dataclass
@@ -95,15 +92,18 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     return out
 
 
-def close_session(session: RunSession, report: bool, primary: BaseException | None = None) -> None:
-    """Close the metrics log and write the report (after a halt too: the report is where a
-    user looks first). While `primary` ends the run, a failure here is noted on it and never
-    raised in its place: the first error is the one the user must see."""
-    steps: list[tuple[str, Callable[[], object]]] = [("close metrics", session.metrics.close)]
-    if report and session.is_main and session.metrics.path.exists():
-        from trainguard.report.build import write_report
+def close_run(
+    metrics: Any, run_dir: Path, write_report: bool, primary: BaseException | None = None
+) -> None:
+    """Close the metric sinks and write the report (after a halt too: the report is where a
+    user looks first; `write_report` on rank 0 only). While `primary` ends the run, a failure
+    here is noted on it and never raised in its place: the first error is the one the user
+    must see."""
+    steps: list[tuple[str, Callable[[], object]]] = [("close metrics", metrics.close)]
+    if write_report and metrics.path.exists():
+        from trainguard.report.build import write_report as write
 
-        steps.append(("write the report", lambda: write_report(session.run_dir)))
+        steps.append(("write the report", lambda: write(run_dir)))
     for what, step in steps:
         try:
             step()
@@ -113,16 +113,13 @@ def close_session(session: RunSession, report: bool, primary: BaseException | No
             primary.add_note(f"also could not {what}: {e}")
 
 
-def report_hang(session: RunSession, finding: Finding) -> None:
-    """The process is about to exit for a restart (ExitStatus.HANG): hand `on_end` the outcome
-    first. Called from the watchdog's thread or from the hung-rank diagnosis."""
-    if session.on_end is None:
-        return
-    result = session.result()
+def hang_outcome(result: RunResult, finding: Finding) -> RunResult:
+    """The result to hand `on_end` when the process is about to exit for a restart
+    (ExitStatus.HANG): from the watchdog's thread, or from the hung-rank diagnosis."""
     if finding not in result.findings:
         result.findings.append(finding)
     hung = RunHung(
         f"the hang watchdog stopped a stuck step: {finding.message}",
         "run the same command again: it resumes from the last verified checkpoint",
     )
-    session.on_end(result.with_error(hung))
+    return result.with_error(hung)

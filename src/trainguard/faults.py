@@ -1,4 +1,6 @@
-"""Fault injection points in the training loop, for fire drills and crash tests.
+"""Fault injection points in the training loop, for fire drills and crash tests (the plan the
+run reads; `drills/` launches runs with one). It sits below `train/`: the hot loop never
+imports `drills/`.
 
 A plan comes from the environment variable `TRAINGUARD_INJECT`, a comma-separated list of
 `fault@step` items, for example `kill@7:backward,nan@12`. The loop calls `plan.at(phase, step)`

@@ -1,9 +1,13 @@
-"""One optimizer step and one evaluation, read top to bottom (nanoGPT-style).
+"""The arithmetic of one optimizer step and of one evaluation, read top to bottom (nanoGPT-style).
 
-The run orchestration (`train/run.py`) decides when to step, evaluate, checkpoint and act on
-findings; this module only does the arithmetic of a step. It never syncs with the host except
-where marked: the loss and the gradient norm, which every guard needs, once per step (none
-when the guard decides on the device, `guards.decide_on`).
+The loop (`train/spine.py`) decides when to step, evaluate, checkpoint and act on findings;
+this module only computes. It never syncs with the host except where marked: the loss and the
+gradient norm, which every guard needs, once per step (none when the guard decides on the
+device, `guards.decide_on`).
+
+Each rank reads the sampler's layout of a global batch (`data/sampler.py`): its contiguous
+slice (`rank_slice`), split into `grad_accum` consecutive micro-batches. The global batch, and
+so its hash, does not depend on the rank count.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ import torch
 import torch.nn.functional as F
 
 from trainguard.config.schema import Recipe
-from trainguard.data.order import ElasticOrder, batch_hash
-from trainguard.drills.faults import FaultPlan
+from trainguard.data.order import ElasticOrder, batch_hash, rank_slice
+from trainguard.faults import FaultPlan
 from trainguard.guards.device import PendingStep
+from trainguard.train.distributed import World
 from trainguard.train.optim import Optimizer
 from trainguard.train.schedule import LrSchedule
 
@@ -44,20 +49,6 @@ class StepResult:
     router_counts: torch.Tensor | None = None
     """The device path: the same counts unread, a snapshot on the device
     (`Trainer.router_stats_from(router_counts.tolist())` once the step is read back)."""
-
-
-@dataclass
-class World:
-    """This process's place among the data-parallel ranks (1 process by default)."""
-
-    rank: int = 0
-    size: int = 1
-
-    def all_reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
-        if self.size == 1:
-            return t
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
-        return t / self.size
 
 
 def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -133,17 +124,13 @@ class Trainer:
         data_t0 = time.perf_counter()
         self._phase("data", step)
         ids = self.order.sample_ids(position, self.global_batch)  # (G,) global, rank-independent
+        mine = rank_slice(ids, self.world.rank, self.world.size)  # (G/W,) this rank's slice
         data_time = time.perf_counter() - data_t0
-        micro = t.batch_size
-        local = micro // self.world.size  # this rank's share of each micro-batch
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
-        for k in range(t.grad_accum):
-            micro_ids = ids[k * micro : (k + 1) * micro]
+        for k, micro_ids in enumerate(np.split(mine, t.grad_accum)):  # (G/W/A,) each
             data_t0 = time.perf_counter()
-            x, y = self._micro_batch(
-                self.train_data, micro_ids[self.world.rank * local : (self.world.rank + 1) * local]
-            )
+            x, y = self._micro_batch(self.train_data, micro_ids)
             data_time += time.perf_counter() - data_t0
             last = k == t.grad_accum - 1
             # DDP all-reduces gradients only on the last micro-batch of the step.

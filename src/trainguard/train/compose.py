@@ -1,0 +1,135 @@
+"""The parts of `trainguard run`'s loop, wired (`compose`): the sampler, the guard with its
+distributed part, the trainer, the callbacks in their order, and the state every checkpoint
+holds. `train/run.py` builds the model and data first and restores into the result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainguard.checkpoint.checkpointer import Checkpointer
+from trainguard.data.sampler import ElasticSampler
+from trainguard.data.shards import data_identity
+from trainguard.faults import FaultPlan
+from trainguard.findings import Finding
+from trainguard.guard import Guard
+from trainguard.guards.distributed import DistributedGuards
+from trainguard.reference.select import Selected
+from trainguard.train.callback import Callback, Callbacks, RunContext
+from trainguard.train.callbacks.distributed import DistributedGuardsCallback
+from trainguard.train.callbacks.evals import EvalsCallback
+from trainguard.train.callbacks.preflight import PreflightCallback
+from trainguard.train.callbacks.reference import ReferenceCallback
+from trainguard.train.callbacks.resume import ResumeCallback
+from trainguard.train.callbacks.steplog import StepLogCallback
+from trainguard.train.callbacks.validation import ValidationCallback
+from trainguard.train.callbacks.watchdog import WatchdogCallback
+from trainguard.train.compute import Trainer
+from trainguard.train.distributed import Dist
+from trainguard.train.spine import Loop
+
+
+@dataclass
+class Composed:
+    """The loop, and the callbacks the run itself talks to."""
+
+    loop: Loop
+    resume: ResumeCallback
+    validation: ValidationCallback
+    watchdog: WatchdogCallback | None
+
+
+def compose(
+    ctx: RunContext,
+    dist: Dist,
+    data: Any,  # data.prepare.PreparedData
+    checkpointer: Checkpointer,
+    *,
+    faults: FaultPlan,
+    evals: bool,
+    env: dict[str, Any],
+    reference: Selected | None,
+    on_hang: Callable[[Finding], None],
+    on_timeout: Callable[[Finding], None],
+    extra: Sequence[Callback] = (),
+) -> Composed:
+    """Everything the loop is made of, around `ctx.model` and `ctx.optimizer`. `on_hang` and
+    `on_timeout` run just before the process exits 3 for a restart (the hung-rank diagnosis,
+    the hang watchdog); `reference`: the curve the run is compared with, if any; `extra`: more
+    callbacks beside the run's own."""
+    r, t, world = ctx.recipe, ctx.recipe.train, dist.world
+    global_batch = t.batch_size * t.grad_accum  # sequences per optimizer step
+    sampler = ElasticSampler(
+        data.train.num_samples(r.data.seq_len),
+        global_batch_size=global_batch,
+        seed=t.seed,
+        rank=world.rank,
+        world_size=world.size,
+        micro_batch_size=t.batch_size // world.size,
+    )
+    part = DistributedGuards(
+        dist.config,
+        run_dir=ctx.run_dir,
+        max_rollbacks=r.guards.max_rollbacks,
+        group=dist.group,
+        on_hang=on_hang,
+        agree_metrics=False,  # the trainer all-reduces the loss (and DDP the gradients)
+    )
+    # One epoch of the data order, in steps: the period a poor shuffle would show. The guard
+    # owns the distributed part, so that the part's state is saved and survives rollbacks.
+    guard = Guard(config=r.guards, data_period=sampler.num_samples / global_batch, distributed=part)
+    trainer = Trainer(
+        r,
+        ctx.model,
+        ctx.optimizer,
+        data.train,
+        data.val,
+        world=world,
+        faults=faults,
+        device=ctx.device,
+        # DDP (several processes) broadcasts rank 0's initial weights; None for one process.
+        ddp_model=dist.wrap(ctx.model, t.precision),
+        on_phase=lambda phase, step: ctx.set_phase(phase),
+    )
+    resume = ResumeCallback(env)
+    validation = ValidationCallback(trainer, _offtrack(r))
+    found: list[Callback] = [StepLogCallback(), resume, DistributedGuardsCallback(part), validation]
+    if r.preflight.enabled:
+        found.append(PreflightCallback(data, evals))
+    watchdog = None
+    if r.guards.enabled:
+        rank = world.rank if world.size > 1 else None
+        watchdog = WatchdogCallback(ctx.run_dir, r.guards, rank, on_timeout)
+        found.append(watchdog)
+    if reference is not None:  # the comparison with a reference curve (R501-R507)
+        identity = data_identity(data.manifest)
+        found.append(ReferenceCallback(reference, env, identity, r.reference))
+    if evals:
+        from trainguard.evals.schedule import EvalSchedule
+
+        schedule = EvalSchedule(r.evals, data.tokenizer, r.data, t.eval_interval, ctx.device)
+        found.append(EvalsCallback(schedule))
+    callbacks = Callbacks([*found, *extra])
+    ctx.phase_listener = callbacks.on_phase
+    state = {
+        "model": ctx.model,
+        "optimizer": ctx.optimizer,
+        "sampler": sampler,
+        "progress": ctx.progress,
+        "guard": guard,
+        "callbacks": callbacks,
+    }
+    meta = {"data_identity": data_identity(data.manifest)}
+    loop = Loop(ctx, trainer, sampler, guard, checkpointer, callbacks, state, faults, meta)
+    return Composed(loop, resume, validation, watchdog)
+
+
+def _offtrack(recipe: Any) -> Any:
+    """The off-track alarm of the recipe's prediction band (`prediction.band`), or None."""
+    if not recipe.prediction.band:
+        return None
+    from trainguard.scaling.offtrack import OffTrackMonitor, PredictionBand
+
+    p = recipe.prediction
+    return OffTrackMonitor(PredictionBand.load(p.band), margin=p.margin, patience=p.patience)

@@ -1,0 +1,173 @@
+"""The spine of `trainguard run`: the training loop, and one step read top to bottom.
+
+The loop is composed of the public parts (`ElasticSampler`, `Guard` with its distributed part,
+`Checkpointer`) and the arithmetic of `train/compute.py`; everything else is a callback
+(`train/callback.py`) told at fixed points. `train_step` is the whole story of a step: data,
+forward/backward, the guard's judgement before any weight changes, apply or discard, the
+replica check, the step row, the callbacks, the checkpoint. Steps are numbered from 1 as
+logged (the sampler counts from 0: logged step k reads the sampler's step k-1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.checkpoint.checkpointer import Checkpointer
+from trainguard.data.sampler import ElasticSampler
+from trainguard.faults import FaultPlan
+from trainguard.guard import Guard
+from trainguard.monitors.moe import router_summary
+from trainguard.train.actions import replicas_halted, rerun, roll_back
+from trainguard.train.callback import Callbacks, RunContext
+from trainguard.train.compute import Trainer
+from trainguard.train.device_steps import DeviceSteps
+
+
+@dataclass
+class Loop:
+    """What the loop is made of (built by `train/run.py`)."""
+
+    ctx: RunContext
+    trainer: Trainer
+    sampler: ElasticSampler
+    guard: Guard
+    checkpointer: Checkpointer
+    callbacks: Callbacks
+    state: dict[str, Any]
+    """What every checkpoint holds and a rollback restores (train/layout.py)."""
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    checkpoint_meta: dict[str, Any] = field(default_factory=dict)
+    """Written into each checkpoint's manifest (the data's identity, for D104 on resume)."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.trainer.global_batch * self.ctx.recipe.data.seq_len
+
+
+def train(loop: Loop) -> None:
+    """Train from the restored step to `train.max_steps`. Every callback hears of an error
+    (`on_error`) before it is raised; closing them is the caller's (always, also when a step
+    before this one failed)."""
+    ctx, callbacks = loop.ctx, loop.callbacks
+    # The guard decides on the device (no host sync in a step) on CUDA, or when asked.
+    on_device = DeviceSteps(loop) if loop.guard.on_device(ctx.device) else None
+    try:
+        callbacks.pre_train(ctx)
+        while ctx.step < ctx.recipe.train.max_steps:
+            train_step(loop, on_device)
+        callbacks.post_train(ctx)
+    except BaseException as e:
+        callbacks.on_error(ctx, e)
+        raise
+
+
+def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
+    """One optimizer step. A rollback ends it early: the next call continues from the restored
+    step. A halt raises RunHalted. With `on_device` the guard judges on the device and this
+    step's decision, findings and row come one step later (or at a flush)."""
+    ctx, guard, trainer = loop.ctx, loop.guard, loop.trainer
+    step = ctx.step + 1  # the step computed now, numbered as its log row will say
+    t = ctx.recipe.train
+    checkpoint_due = step % ctx.recipe.checkpoint.interval == 0 or step == t.max_steps
+    loop.callbacks.pre_step(ctx, step)
+
+    # -- data: where this step's global batch starts (bad batches of rollbacks skipped) -------
+    position = loop.sampler.position(step - 1)
+    t0 = time.perf_counter()
+
+    # -- forward/backward over grad_accum micro-batches, gradients all-reduced (DDP) ------------
+    # A collective that fails in here (a rank died, or hangs) becomes the hung-rank diagnosis:
+    # the ranks that did not arrive are named, stacks dumped, exit 3 for a restart (R301).
+    with guard.phase("data", step):
+        # Host sync (host path only): the loss and grad norm. The device path reads nothing.
+        out = trainer.forward_backward(step, position, on_host=on_device is None)
+    compute_s = time.perf_counter() - t0  # forward/backward, the data phase included
+
+    # -- the guard judges the update before any weight changes; apply or discard it -------------
+    if on_device is None:
+        tokens_per_s = loop.tokens_per_step / compute_s
+        decision = guard.step(
+            step,
+            loss=out.loss,
+            grad_norm=out.grad_norm,
+            tokens_per_s=tokens_per_s,
+            router_stats=out.router_stats,  # R601-R604 (MoE models)
+            data_time_s=out.data_time_s,  # R605: the loader's share of the step
+            step_time_s=compute_s,
+        )
+        if decision.rerun:  # the same state and batch again: hardware, or data/software?
+            rerun(loop, decision, out, position)
+        ctx.record(decision.findings)
+        if decision.action == "rollback":
+            roll_back(loop, decision)
+            return
+        decision.raise_if_halt()
+        if decision.apply:
+            lr = trainer.apply_update(step)
+        else:
+            trainer.discard_update()
+            lr = 0.0
+        action: str | None = decision.action
+    else:  # masked on the device; the previous step's decision is settled (read back) here
+        tokens_per_s = on_device.tokens_per_s(loop.tokens_per_step, t0)
+        pending = on_device.judge(step, out, tokens_per_s)
+        if pending is None:
+            return  # the previous step rolled back
+        lr = trainer.apply_update(step, pending)
+        action = None  # known when read back
+    loop.faults.corrupt_replica(step, ctx.model)  # fire drills only: bitflip@N/rR
+
+    # -- replicas and stragglers (several processes): H201 rolls back, H202 is reported -------
+    # Host sync: every rank's parameter hash (every K steps, and before a checkpoint, so that
+    # no corrupt replica is saved) and phase timings are gathered, then a monitored barrier.
+    end = guard.end_step(step, ctx.model, ctx.optimizer, checkpoint_due=checkpoint_due)
+    ctx.record(end.findings)
+    if end.action == "halt":
+        raise replicas_halted(end)
+    if end.action == "rollback":
+        if on_device is not None and not on_device.flush():  # rollback reads a settled guard
+            return
+        roll_back(loop, end)
+        return
+
+    # -- the step is done: advance, log it, tell the callbacks (evaluations among them) --------
+    ctx.progress.advance(loop.tokens_per_step)
+    dt = time.perf_counter() - t0
+    row = {
+        "kind": "step",
+        "step": step,
+        "loss": out.loss,
+        "grad_norm": out.grad_norm,
+        "lr": lr,
+        "tokens_per_s": loop.tokens_per_step / dt if on_device is None else tokens_per_s,
+        "batch_hash": out.batch_hash,
+        "position": out.position,  # the batch of this row: `trainguard batch --step`
+        "step_time_s": dt,
+        "data_time_s": out.data_time_s,
+        **(router_summary(out.router_stats) if out.router_stats else {}),
+        "time": time.time(),
+        "action": action,
+    }
+    if on_device is None:
+        loop.callbacks.post_step(ctx, step, row)
+    else:  # the row waits for its values; a checkpoint or a validation loss waits for it
+        on_device.hold(step, row)
+        if (checkpoint_due or step % t.eval_interval == 0) and not on_device.flush():
+            return  # this step rolled back
+
+    # -- checkpoint when due ---------------------------------------------------------------------
+    if checkpoint_due:
+        save_checkpoint(loop, step)
+
+
+def save_checkpoint(loop: Loop, step: int) -> None:
+    """Every rank takes part; rank 0 writes (temp name, manifest last, rename)."""
+    ctx = loop.ctx
+    loop.faults.at("checkpoint", step)  # fire drills: kill@N:checkpoint
+    ctx.set_phase("checkpoint")
+    meta = {"tokens_seen": ctx.tokens_seen, **loop.checkpoint_meta}
+    path = loop.checkpointer.save(step, loop.state, meta=meta)
+    ctx.record(loop.checkpointer.last_findings)  # e.g. a damaged step moved to quarantine
+    loop.callbacks.post_checkpoint(ctx, step, str(path))
