@@ -42,6 +42,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "bench_dedup": ["--docs", "500", "--repeats", "1"],
     "bench_train_throughput": ["--steps", "10", "--rounds", "1"],
     "bench_run_rebuild": ["--steps", "20", "--rounds", "1"],
+    "bench_run_checkpoint_stall": ["--steps", "8", "--interval", "4", "--rounds", "1"],
     "bench_distributed": ["--steps", "10", "--skip", "2", "--rounds", "1"],
     "bench_wave": ["--seeds", "5"],
     "bench_restart": ["--rounds", "1"],

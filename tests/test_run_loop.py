@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from loophelpers import loop_without_data, run_checkpointer, run_state
 from runhelpers import tiny_recipe_dict
@@ -31,24 +32,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "trainguard"
 
 
 @pytest.fixture
-def torch_globals():
-    """A run sets process-wide torch state (threads, determinism, seeds): restore it."""
-    threads = torch.get_num_threads()
-    det = torch.are_deterministic_algorithms_enabled()
-    warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    rng = torch.get_rng_state()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det, warn_only=warn)
-    torch.set_rng_state(rng)
-
-
-@pytest.fixture
 def recipe_for(small_corpus: Path, cache_dir: Path, torch_globals: None):
-    def make(**train: Any):
+    def make(async_save: bool = True, **train: Any):
         raw = tiny_recipe_dict(small_corpus, cache_dir)
         raw["train"] |= {"max_steps": 4, "eval_interval": 4, **train}
-        raw["checkpoint"]["interval"] = 2
+        raw["checkpoint"] |= {"interval": 2, "async_save": async_save}
         return validate_recipe(raw)
 
     return make
@@ -113,14 +101,20 @@ def watchdog_threads() -> list[threading.Thread]:
 
 
 # -- the spine's order ---------------------------------------------------------------------------
-def test_callbacks_see_every_hook_in_priority_order(recipe_for, tmp_path: Path) -> None:
+@pytest.mark.parametrize("async_save", [True, False])
+def test_callbacks_see_every_hook_in_priority_order(
+    recipe_for, tmp_path: Path, async_save: bool
+) -> None:
     log: list = []
     low, high = Recorder("low", -5, log), Recorder("high", 85, log)  # below steplog (90)
-    run_in_process(recipe_for(), tmp_path / "run", [low, high])
+    run_in_process(recipe_for(async_save), tmp_path / "run", [low, high])
     expected = [("pre_train", 0)]
     for step in (1, 2, 3, 4):
         expected += [("pre_step", step), ("post_step", step)]
-        expected += [("post_checkpoint", step)] if step % 2 == 0 else []
+        if step % 2 == 0 and not async_save:  # written in the loop: committed at once
+            expected += [("post_checkpoint", step)]
+    if async_save:  # written in the background: committed when the next save or the end waits
+        expected += [("post_checkpoint", 2), ("post_checkpoint", 4)]
     expected += [("post_train", None), ("close", None)]
     assert hooks_of(log, "high") == expected == hooks_of(log, "low")
     # Higher priority first at every hook: the two logs interleave high, low, high, low...
@@ -170,6 +164,45 @@ def test_a_bad_batch_is_skipped_before_any_weight_changes(recipe_for, tmp_path: 
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step3 = next(r for r in rows if r.get("kind") == "step" and r["step"] == 3)
     assert step3["action"] == "skip" and step3["lr"] == 0.0
+
+
+# -- checkpoints in the background (checkpoint.async_save, the default) ----------------------
+def test_the_loop_trains_on_while_a_checkpoint_is_written(
+    recipe_for, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 2's checkpoint is held mid-write until step 3 has finished: the loop must have
+    trained on meanwhile (a save in the loop would wait here until the gate times out). The
+    copy is of step 2's state (bitwise the in-loop save's weights), and the run's end waits
+    for every write."""
+    import trainguard.train.layout as layout
+
+    gate, real_write = threading.Event(), layout.write_checkpoint_files
+    seen: dict[int, bool] = {}
+
+    def gated_write(folder: Path, files: Any) -> None:
+        if files.trainer["step"] == 2:
+            gate.wait(timeout=120)
+        real_write(folder, files)
+
+    class Watch(Callback):
+        name = "watch"
+
+        def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
+            seen[step] = (ctx.run_dir / "checkpoints" / "step-2" / "manifest.json").exists()
+            if step == 3:
+                gate.set()
+
+    monkeypatch.setattr(layout, "write_checkpoint_files", gated_write)
+    run_in_process(recipe_for(), tmp_path / "async", [Watch()])
+    assert seen[3] is False  # step 3 ran while step 2's checkpoint was still being written
+    monkeypatch.setattr(layout, "write_checkpoint_files", real_write)
+    run_in_process(recipe_for(async_save=False), tmp_path / "sync")
+    for step in (2, 4):  # the same checkpoints, committed by the time the run returned
+        a, b = (
+            load_file(tmp_path / kind / "checkpoints" / f"step-{step}" / "model.safetensors")
+            for kind in ("async", "sync")
+        )
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # -- callback state ------------------------------------------------------------------------------

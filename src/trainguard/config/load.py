@@ -21,8 +21,9 @@ from trainguard.util.inputs import read_text
 # Keys that may differ between the recipe a run was started with and the one it resumes with.
 # Keys a run dir may be resumed with changed: the step budget, where the metrics are also
 # sent (they change no number of the run), whether the doctor runs first
-# (`trainguard run --doctor`), and the reference curve the run is compared with (a comparison
-# restarts from the resumed step when the reference changes).
+# (`trainguard run --doctor`), the reference curve the run is compared with (a comparison
+# restarts from the resumed step when the reference changes), and whether checkpoints are
+# written in the background (the same files either way).
 RESUMABLE_KEYS = frozenset(
     {
         "train.max_steps",
@@ -32,6 +33,7 @@ RESUMABLE_KEYS = frozenset(
         "metrics.wandb_project",
         "metrics.wandb_mode",
         "preflight.doctor",
+        "checkpoint.async_save",
         "reference.path",
         "reference.enabled",
         "reference.force",

@@ -11,6 +11,7 @@ from trainguard.errors import NoUsableCheckpoint, RunHalted
 from trainguard.guards.decision import Decision
 from trainguard.guards.rollback import restore
 from trainguard.train.compute import StepResult
+from trainguard.train.saving import finish_checkpoint
 
 if TYPE_CHECKING:
     from trainguard.train.spine import Loop
@@ -35,6 +36,7 @@ def roll_back(loop: Loop, decision: Decision) -> None:
     earlier skips and the callbacks' state outlive the restore (a rollback rewinds the model,
     not the run's history)."""
     ctx = loop.ctx
+    finish_checkpoint(loop)  # the newest checkpoint may still be on its way to disk
     kept = loop.callbacks.state_dict()
     bad = [s - 1 for s in decision.bad_steps]  # the sampler counts steps from 0
     # The batch each bad step read, by step (`trainguard batch --step N` finds it here); the

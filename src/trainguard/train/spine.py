@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.checkpoint.checkpointer import Checkpointer
+from trainguard.checkpoint.results import AsyncSave
 from trainguard.data.sampler import ElasticSampler
 from trainguard.faults import FaultPlan
 from trainguard.guard import Guard
@@ -23,6 +24,7 @@ from trainguard.train.actions import replicas_halted, rerun, roll_back
 from trainguard.train.callback import Callbacks, RunContext
 from trainguard.train.compute import Trainer
 from trainguard.train.device_steps import DeviceSteps
+from trainguard.train.saving import finish_checkpoint, save_checkpoint
 
 
 @dataclass
@@ -40,6 +42,9 @@ class Loop:
     faults: FaultPlan = field(default_factory=FaultPlan)
     checkpoint_meta: dict[str, Any] = field(default_factory=dict)
     """Written into each checkpoint's manifest (the data's identity, for D104 on resume)."""
+    writing: tuple[int, AsyncSave] | None = None
+    """The checkpoint being written in the background (`checkpoint.async_save`): its step and
+    the Checkpointer's handle."""
 
     @property
     def tokens_per_step(self) -> int:
@@ -57,6 +62,7 @@ def train(loop: Loop) -> None:
         callbacks.pre_train(ctx)
         while ctx.step < ctx.recipe.train.max_steps:
             train_step(loop, on_device)
+        finish_checkpoint(loop)  # the end waits for the last write
         callbacks.post_train(ctx)
     except BaseException as e:
         callbacks.on_error(ctx, e)
@@ -160,14 +166,3 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
     # -- checkpoint when due ---------------------------------------------------------------------
     if checkpoint_due:
         save_checkpoint(loop, step)
-
-
-def save_checkpoint(loop: Loop, step: int) -> None:
-    """Every rank takes part; rank 0 writes (temp name, manifest last, rename)."""
-    ctx = loop.ctx
-    loop.faults.at("checkpoint", step)  # fire drills: kill@N:checkpoint
-    ctx.set_phase("checkpoint")
-    meta = {"tokens_seen": ctx.tokens_seen, **loop.checkpoint_meta}
-    path = loop.checkpointer.save(step, loop.state, meta=meta)
-    ctx.record(loop.checkpointer.last_findings)  # e.g. a damaged step moved to quarantine
-    loop.callbacks.post_checkpoint(ctx, step, str(path))

@@ -1,0 +1,44 @@
+"""Checkpoints of `trainguard run`'s loop through its `Checkpointer` (train/layout.py): when due,
+every rank takes part and rank 0 writes. With `checkpoint.async_save` (the default) the loop
+stops only to copy the state in memory; a background thread writes, verifies and prunes, and
+the next save, a rollback and the end of the loop wait for it (`finish_checkpoint`): its
+findings are recorded and the callbacks hear of it (`post_checkpoint`) once it is committed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainguard.checkpoint.results import AsyncSave
+
+if TYPE_CHECKING:
+    from trainguard.train.spine import Loop
+
+
+def save_checkpoint(loop: Loop, step: int) -> None:
+    """Every rank takes part; rank 0 writes (temp name, manifest last, rename). In the
+    background by default (`checkpoint.async_save`): the loop waits only for the previous
+    write to finish and for the state to be copied in memory; a crash mid-write leaves the
+    previous checkpoint as it was."""
+    ctx = loop.ctx
+    loop.faults.at("checkpoint", step)  # fire drills: kill@N:checkpoint
+    ctx.set_phase("checkpoint")
+    finish_checkpoint(loop)  # one write at a time: the previous one first
+    meta = {"tokens_seen": ctx.tokens_seen, **loop.checkpoint_meta}
+    saved = loop.checkpointer.save(step, loop.state, meta=meta)
+    if isinstance(saved, AsyncSave):
+        loop.writing = (step, saved)
+        return
+    ctx.record(loop.checkpointer.last_findings)  # e.g. a damaged step moved to quarantine
+    loop.callbacks.post_checkpoint(ctx, step, str(saved))
+
+
+def finish_checkpoint(loop: Loop) -> None:
+    """Wait for the checkpoint being written in the background, if any (its error, a failed
+    write, is raised here); record its findings and tell the callbacks it is committed."""
+    if loop.writing is None:
+        return
+    (step, handle), loop.writing = loop.writing, None
+    path = handle.wait()
+    loop.ctx.record(loop.checkpointer.last_findings)
+    loop.callbacks.post_checkpoint(loop.ctx, step, path)
