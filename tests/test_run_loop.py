@@ -294,7 +294,7 @@ def test_preflight_counts_tokens_in_chunks(recipe_for, tmp_path: Path, monkeypat
     monkeypatch.setattr(data.train, "tokens", tokens)
     model = torch.nn.Linear(2, 2)
     ctx = _context(recipe, tmp_path, model)
-    PreflightCallback(data, evals_enabled=False).data_findings(ctx)
+    PreflightCallback(data, evals_enabled=False).tokenizer_findings(ctx)
     assert data.train.n_tokens > 100 * 4096  # the split is far larger than a chunk
     assert 0 < largest[0] <= data_preflight._PACKED  # the framing sample is the largest read
 
