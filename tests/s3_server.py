@@ -89,12 +89,15 @@ class Traffic:
         self.capacity, self.hold_s = capacity, hold_s
         self.requests = self.peak = self.slowdowns = self._inflight = self._eligible = 0
         self.gets: dict[str, int] = {}
+        self.slowed: list[str] = []
+        """'METHOD path' of every request answered 503, in order (failure messages)."""
         self._lock = threading.Lock()
 
     def reset(self) -> None:
         with self._lock:
             self.requests = self.peak = self.slowdowns = self._eligible = 0
             self.gets = {}
+            self.slowed = []
 
     def wrap(self, app: Any) -> Any:
         import time
@@ -112,6 +115,7 @@ class Traffic:
                     throttled = throttled or self._eligible % self.fail_every == 0
                 if throttled:
                     self.slowdowns += 1
+                    self.slowed.append(f"{method} {path}")
                 elif method == "GET" and plain_object:
                     self.gets[path] = self.gets.get(path, 0) + 1
             try:

@@ -25,15 +25,15 @@ from trainguard.util.hashing import bytes_checksum  # noqa: E402
 from trainguard.util.node_cache import NodeCache  # noqa: E402
 
 BUCKET = "trainguard-remote-data"
+# under pytest-xdist the module's tests run on one worker, so its module fixture is built once
+pytestmark = pytest.mark.xdist_group("test_remote_data")
+
 WORKER = """
 import json, sys
 from trainguard.config.schema import DataConfig
 from trainguard.data.prepare import open_prepared
 from trainguard.util.hashing import bytes_checksum
 
-
-# under pytest-xdist the module's tests run on one worker, so its module fixture is built once
-pytestmark = pytest.mark.xdist_group("test_remote_data")
 data = open_prepared(DataConfig(**json.loads(sys.argv[1])))
 out = {}
 for split in ("train", "val"):

@@ -38,7 +38,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -71,6 +71,11 @@ class FaultPlan:
     sleep_steps: set[int] = field(default_factory=set)
     fired: set[str] = field(default_factory=set)
     poisoned: dict[int, str] = field(default_factory=dict)
+    settle_writes: Callable[[], object] | None = None
+    """Set by the run's loop: waits for a checkpoint being written in the background. A kill
+    in a training phase waits for it first, so that a drill's outcome (which checkpoint the
+    relaunch resumes from) does not depend on how fast the disk is; `kill@N:checkpoint_write`
+    is the fault that strikes a write."""
 
     @classmethod
     def parse(cls, text: str | None, rank: int | None = None) -> FaultPlan:
@@ -141,6 +146,9 @@ class FaultPlan:
     def at(self, phase: str, step: int) -> None:
         """Called by the loop when `step` enters `phase`."""
         if self.kills.get(step) == phase:
+            if self.settle_writes is not None and phase != "checkpoint_write":
+                with contextlib.suppress(Exception):  # a failed write: the kill comes anyway
+                    self.settle_writes()
             os.kill(os.getpid(), signal.SIGKILL)
         if phase == "forward" and step in self.hang_steps:
             while True:  # a hang: only the watchdog gets us out

@@ -58,6 +58,8 @@ def train(loop: Loop) -> None:
     ctx, callbacks = loop.ctx, loop.callbacks
     # The guard decides on the device (no host sync in a step) on CUDA, or when asked.
     on_device = DeviceSteps(loop) if loop.guard.on_device(ctx.device) else None
+    # A fire drill's kill waits for the background write first (deterministic drills).
+    loop.faults.settle_writes = lambda: loop.writing[1].wait() if loop.writing else None
     try:
         callbacks.pre_train(ctx)
         while ctx.step < ctx.recipe.train.max_steps:
