@@ -61,7 +61,10 @@ def test_each_injected_fault_names_rank_1_and_a_clean_round_is_silent(tmp_path: 
     assert list(rounds) == faults  # one process group, the hang last
     assert report["world_size"] == 2
     assert named(rounds["none"]) == [], rounds["none"]["findings"]
-    assert named(rounds["bitflip/r1"]) == [("H401", 1)]
+    # The wrong result is named on rank 1. In one full-suite run (the other xdist worker busy)
+    # rank 1 was also timed slow in that round (H403, on rank 1 too): allowed, never rank 0.
+    bitflip = named(rounds["bitflip/r1"])
+    assert ("H401", 1) in bitflip and set(bitflip) <= {("H401", 1), ("H403", 1)}, bitflip
     assert named(rounds["slow/r1"]) == [("H403", 1)]
     assert named(rounds["bad-allreduce/r1"]) == [("H410", 1)]
     assert named(rounds["hang/r1"]) == [("H412", 1)]
