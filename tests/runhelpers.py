@@ -6,6 +6,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainguard import Guard
 
 
 def tiny_recipe_dict(corpus: Path, cache: Path) -> dict:
@@ -87,3 +91,17 @@ def forge_manifest(step: int, files: dict[str, dict]) -> bytes:
     }
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return json.dumps({**body, "manifest_checksum": bytes_checksum(text.encode())}).encode()
+
+
+def judged_on_device(guard: Guard) -> tuple[Guard, list[int]]:
+    """The guard, and the steps it will have judged through `step_async` (the adapters' device
+    path: tests/test_guard_hf.py and tests/test_guard_lightning.py)."""
+    calls: list[int] = []
+    step_async = guard.step_async
+
+    def recorded(step, *args, **kwargs):
+        calls.append(step)
+        return step_async(step, *args, **kwargs)
+
+    guard.step_async = recorded  # type: ignore[method-assign]
+    return guard, calls

@@ -34,6 +34,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from runhelpers import judged_on_device  # noqa: E402
 from trainguard.config.distributed import DistributedConfig  # noqa: E402
 from trainguard.errors import ConfigError, CorruptError, RunHalted  # noqa: E402
 from trainguard.guard import Guard  # noqa: E402
@@ -576,19 +577,6 @@ def test_ddp_hung_rank_is_named_and_the_others_exit_3(tmp_path: Path) -> None:
 
 # -- the device path (guards.decide_on="device": what CUDA gets by default) -----------------------
 DEVICE = WARMUP.model_copy(update={"decide_on": "device"})
-
-
-def judged_on_device(guard: Guard) -> tuple[Guard, list[int]]:
-    """The guard, and the steps it will have judged through step_async."""
-    calls: list[int] = []
-    step_async = guard.step_async
-
-    def recorded(step, *args, **kwargs):
-        calls.append(step)
-        return step_async(step, *args, **kwargs)
-
-    guard.step_async = recorded  # type: ignore[method-assign]
-    return guard, calls
 
 
 def test_device_path_skips_the_same_updates_bitwise(guarded: Run, tmp_path: Path) -> None:

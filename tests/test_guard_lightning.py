@@ -29,6 +29,7 @@ L = pytest.importorskip("lightning")
 
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
+from runhelpers import judged_on_device  # noqa: E402
 from trainguard import ElasticSampler  # noqa: E402
 from trainguard.config.distributed import DistributedConfig  # noqa: E402
 from trainguard.errors import ConfigError, RunHalted  # noqa: E402
@@ -327,19 +328,6 @@ def test_top_k_quarantines_a_folder_that_fails_verification(tmp_path: Path) -> N
 
 # -- the device path (guards.decide_on="device": what CUDA gets by default) -----------------------
 DEVICE = WARMUP.model_copy(update={"decide_on": "device"})
-
-
-def judged_on_device(guard: Guard) -> tuple[Guard, list[int]]:
-    """The guard, and the steps it will have judged through step_async."""
-    calls: list[int] = []
-    step_async = guard.step_async
-
-    def recorded(step, *args, **kwargs):
-        calls.append(step)
-        return step_async(step, *args, **kwargs)
-
-    guard.step_async = recorded  # type: ignore[method-assign]
-    return guard, calls
 
 
 def test_device_path_skips_the_same_updates_bitwise(guarded: Run, tmp_path: Path) -> None:
