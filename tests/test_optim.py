@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import math
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ from test_model import T, V, make_model, tokens
 from test_run_resume import assert_bitwise_equal, final_weights, step_rows
 from trainguard.config.load import load_recipe
 from trainguard.train.compute import Trainer
-from trainguard.train.optim import Muon, OptimizerSet, build_optimizer, orthogonalize
+from trainguard.train.optim import AdamW, Muon, OptimizerSet, build_optimizer, orthogonalize
 
 
 def _recipe(optimizer: str, **train):
@@ -150,6 +153,75 @@ def test_optimizer_state_round_trip_resumes_bitwise(optimizer: str, tmp_path: Pa
     _steps(b, opt_b, 2, seed=200)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
+
+
+def _same_groups(opt, source, target) -> list[dict]:
+    """`opt`'s param groups over `target`'s parameters of the same names as `source`'s."""
+    names = {id(p): n for n, p in source.named_parameters()}
+    params = dict(target.named_parameters())
+    return [dict(g, params=[params[names[id(p)]] for p in g["params"]]) for g in opt.param_groups]
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    assert a["param_groups"] == b["param_groups"]
+    assert a["state"].keys() == b["state"].keys()
+    for k, entry in a["state"].items():
+        for name, value in entry.items():
+            assert torch.equal(value, b["state"][k][name]), (k, name)
+
+
+def test_eager_adamw_equals_torch_adamw_bitwise_and_shares_its_state():
+    """The run's AdamW is torch's without the dynamo wrappers: the same updates bit for bit,
+    the same state dict (a checkpoint loads into either class), step hooks called once."""
+    ours, theirs = make_model(), make_model()
+    opt_ours = build_optimizer(_recipe("adamw", weight_decay=0.1), ours)
+    assert type(opt_ours) is AdamW
+    opt_theirs = torch.optim.AdamW(_same_groups(opt_ours, ours, theirs))
+    hook_calls: list[int] = []
+    opt_ours.register_step_post_hook(lambda *_: hook_calls.append(1))
+    _steps(ours, opt_ours, 3, seed=100)
+    _steps(theirs, opt_theirs, 3, seed=100)
+    assert len(hook_calls) == 3
+    for (name, pa), pb in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+    _assert_same_state(opt_ours.state_dict(), opt_theirs.state_dict())
+    saved = io.BytesIO()  # as a checkpoint holds it: no tensor shared with torch's optimizer
+    torch.save(opt_theirs.state_dict(), saved)
+    saved.seek(0)
+    opt_ours.load_state_dict(torch.load(saved, weights_only=True))
+    _steps(ours, opt_ours, 2, seed=200)
+    _steps(theirs, opt_theirs, 2, seed=200)
+    for (name, pa), pb in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_the_run_optimizers_never_import_dynamo(optimizer: str):
+    """torch's optimizers import torch._dynamo (longer than `import torch`) on first use; the
+    run's do not, through a step, zero_grad and a state dict round trip. A fresh interpreter:
+    this one has imported it long ago."""
+    code = f"""
+import sys
+import torch
+from test_model import T, V, make_model, tokens
+from trainguard.config.load import load_recipe
+from trainguard.train.optim import build_optimizer
+model = make_model()
+opt = build_optimizer(load_recipe("default", ["train.optimizer={optimizer}"]), model)
+data = tokens(4, T + 1, seed=1)
+logits = model(data[:, :-1]).reshape(-1, V)
+torch.nn.functional.cross_entropy(logits, data[:, 1:].reshape(-1)).backward()
+opt.step()
+opt.zero_grad(set_to_none=True)
+opt.load_state_dict(opt.state_dict())
+print("torch._dynamo" in sys.modules)
+"""
+    tests_dir = str(Path(__file__).parent)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tests_dir
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
 
 
 def test_optimizer_state_from_another_optimizer_is_refused():

@@ -25,8 +25,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainguard.checkpoint.dcp_files import is_sharded_module
+from trainguard.checkpoint.failures import failure_text
 from trainguard.checkpoint.group import CheckpointGroup
 from trainguard.checkpoint.layout import FlatLayout, Layout, Part, check_keys, classify
 from trainguard.checkpoint.results import AsyncSave, LoadedCheckpoint
@@ -39,12 +41,14 @@ from trainguard.checkpoint.resume import (
 )
 from trainguard.checkpoint.retry import RetryPolicy
 from trainguard.checkpoint.rng import capture_rng
-from trainguard.checkpoint.sharded import ShardedIO, failure_text, is_sharded_module
 from trainguard.checkpoint.store import CheckpointStore
 from trainguard.errors import BadInputError, StorageError
 from trainguard.findings import Finding
 from trainguard.util.node_cache import NodeCache
 from trainguard.util.paths import is_remote
+
+if TYPE_CHECKING:
+    from trainguard.checkpoint.sharded import ShardedIO
 
 log = logging.getLogger("trainguard.checkpoint")
 FORMAT = 1
@@ -105,7 +109,8 @@ class Checkpointer:
             on_phase=on_phase,
             node_cache=node_cache,
         )
-        self.sharded_io = ShardedIO(self.store, self.group, on_phase)
+        self.on_phase = on_phase
+        self._sharded_io: ShardedIO | None = None  # made on the first sharded save or load
         self.last_findings: list[Finding] = []
         # The step `load_latest` restored: its local folder and its manifest's `meta`.
         self.last_path: Path | None = None
@@ -113,6 +118,15 @@ class Checkpointer:
         self._executor: ThreadPoolExecutor | None = None
         self._pending: AsyncSave | None = None
         self._housekeeping: list[Future[None]] = []  # background retention
+
+    @property
+    def sharded_io(self) -> ShardedIO:
+        """The DCP save and load, imported on first use (dcp_files.py says why)."""
+        if self._sharded_io is None:
+            from trainguard.checkpoint.sharded import ShardedIO
+
+            self._sharded_io = ShardedIO(self.store, self.group, self.on_phase)
+        return self._sharded_io
 
     # -- saving --------------------------------------------------------------------------------
     def save(

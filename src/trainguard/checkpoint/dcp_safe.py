@@ -39,8 +39,6 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from trainguard.errors import CorruptError
 
-METADATA_FILE = ".metadata"
-
 # DCP's own metadata types, by (module, name). Classes only: constructing one runs no code.
 _ALLOWED = {
     ("torch.distributed.checkpoint.metadata", name)
@@ -199,11 +197,3 @@ class OptimizerState(Stateful):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         set_optimizer_state_dict(self.model, self.optimizer, state_dict)
-
-
-def shard_rank(name: str) -> int | None:
-    """The rank that wrote a DCP data file (`__<rank>_<n>.distcp`), else None."""
-    if name.startswith("__") and name.endswith(".distcp"):
-        head = name[2:].split("_", 1)[0]
-        return int(head) if head.isdigit() else None
-    return None

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import re
 
+from trainguard.errors import StorageError
+
 _ERRNO_WORDS = {
     errno.ENOSPC: "the disk is full",
     errno.EFBIG: "a file grew past the file size limit (RLIMIT_FSIZE or the file system's)",
@@ -54,3 +56,16 @@ def describe(exc: BaseException) -> str:
         words = "a write failed without an error number (a full disk or a file size limit?)"
     text = f"{type(exc).__name__}: {exc}"
     return f"{words} ({text})" if words else text
+
+
+def failure_text(error: BaseException | None) -> str | None:
+    """One line for the other ranks: what failed here, in words (the errno named)."""
+    if error is None:
+        return None
+    failures = getattr(error, "failures", None)  # DCP's CheckpointException: {rank: (exc, tb)}
+    if isinstance(failures, dict) and failures:
+        return "; ".join(
+            f"rank {r}: {describe(exc[0] if isinstance(exc, tuple) else exc)}"
+            for r, exc in sorted(failures.items())
+        )
+    return error.message if isinstance(error, StorageError) else describe(error)

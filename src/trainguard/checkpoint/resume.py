@@ -7,12 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainguard.checkpoint.dcp_safe import (
-    METADATA_FILE,
-    UnsafeCheckpointError,
-    read_dcp_metadata,
-    shard_rank,
-)
+from trainguard.checkpoint.dcp_files import METADATA_FILE, shard_rank
 from trainguard.checkpoint.manifest import MANIFEST
 from trainguard.checkpoint.results import LoadedCheckpoint
 from trainguard.checkpoint.rng import derived_seed, restore_rng, seed_all
@@ -27,6 +22,8 @@ def check_payload(loaded: LoadedCheckpoint) -> list[Finding]:
     info = loaded.manifest.get("meta", {}).get("checkpointer", {})
     if not info.get("sharded"):
         return []
+    from trainguard.checkpoint.dcp_safe import UnsafeCheckpointError, read_dcp_metadata
+
     try:
         read_dcp_metadata(loaded.path / METADATA_FILE)
     except UnsafeCheckpointError as e:

@@ -33,15 +33,15 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
+from trainguard.checkpoint.dcp_files import shard_rank
 from trainguard.checkpoint.dcp_safe import (
     HashingFileSystemWriter,
     ModelState,
     OptimizerState,
     SafeFileSystemReader,
     WeightsOnlyLoadPlanner,
-    shard_rank,
 )
-from trainguard.checkpoint.failures import describe
+from trainguard.checkpoint.failures import failure_text
 from trainguard.checkpoint.group import CheckpointGroup, RankLostError
 from trainguard.checkpoint.layout import FlatLayout, Part
 from trainguard.checkpoint.results import CheckpointInfo
@@ -52,16 +52,6 @@ from trainguard.util.hashing import file_checksum
 
 DCP_KINDS = ("module", "optimizer")
 Phase = Callable[[str, int], None]
-
-
-def is_sharded_module(module: torch.nn.Module) -> bool:
-    """True for an FSDP2 (`fully_shard`) module or any module holding DTensor parameters."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(module, FSDPModule):
-        return True
-    return any(isinstance(t, DTensor) for t in [*module.parameters(), *module.buffers()])
 
 
 def dcp_state(parts: list[Part]) -> dict[str, Any]:
@@ -282,19 +272,6 @@ def _single_process_quiet(single: bool) -> Iterator[None]:
         if single:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def failure_text(error: BaseException | None) -> str | None:
-    """One line for the other ranks: what failed here, in words (the errno named)."""
-    if error is None:
-        return None
-    failures = getattr(error, "failures", None)  # DCP's CheckpointException: {rank: (exc, tb)}
-    if isinstance(failures, dict) and failures:
-        return "; ".join(
-            f"rank {r}: {describe(exc[0] if isinstance(exc, tuple) else exc)}"
-            for r, exc in sorted(failures.items())
-        )
-    return error.message if isinstance(error, StorageError) else describe(error)
 
 
 def _dicts(findings: list[Finding]) -> list[dict]:

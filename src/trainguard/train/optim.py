@@ -19,12 +19,17 @@ decay) and iterates in bfloat16 only on CUDA.
 
 Each param group carries `peak_lr`, its own peak learning rate; the run scales every group by
 the same schedule factor (train/schedule.py), so AdamW and Muon warm up and decay together.
+
+Both are `Eager` optimizers: torch's own arithmetic, without the wrappers through which
+`torch.optim` imports `torch._dynamo` on first use (longer than `import torch` itself, a third
+of a restart) only to keep `torch.compile` out of them. The run never compiles.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -60,7 +65,58 @@ def orthogonalize(
     return (x.T if tall else x).to(g.dtype)
 
 
-class Muon(torch.optim.Optimizer):
+def _unwrap(method: Callable, wrapper: str, module: str) -> Callable:
+    """What torch's dynamo wrapper named `wrapper` (defined in `module`) wraps in `method`,
+    looking through other wrappers (torch hooks a class's `step` once it has an instance);
+    `method` itself when no such wrapper is found (another torch version: only slower)."""
+    f: Any = method
+    while f is not None:
+        code = getattr(f, "__code__", None)
+        here = code is not None and code.co_filename.replace("\\", "/").endswith(module)
+        if here and code.co_name == wrapper:
+            return f.__wrapped__
+        f = getattr(f, "__wrapped__", None)
+    return method
+
+
+def _eager(method: Callable) -> Callable:
+    """An `Optimizer` method without `torch._disable_dynamo` (torch/_compile.py), which imports
+    `torch._dynamo` on the first call to mark the method as never compiled."""
+    return _unwrap(method, "inner", "torch/_compile.py")
+
+
+def _eager_step(step: Callable) -> Callable:
+    """An optimizer's `step` without `_use_grad_for_differentiable` (torch/optim/optimizer.py),
+    which imports `torch._dynamo` for two graph breaks; its grad mode is kept."""
+    inner = _unwrap(step, "_use_grad", "torch/optim/optimizer.py")
+    if inner is step:
+        return step
+
+    @functools.wraps(inner)
+    def eager_step(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        with torch.set_grad_enabled(self.defaults["differentiable"]):  # as `_use_grad` does
+            return inner(self, *args, **kwargs)
+
+    return eager_step
+
+
+class Eager:
+    """Mixin for a `torch.optim.Optimizer`: the same methods, none importing `torch._dynamo`
+    (the module docstring says why). A step of an Eager optimizer equals torch's bitwise."""
+
+    add_param_group = _eager(torch.optim.Optimizer.add_param_group)
+    zero_grad = _eager(torch.optim.Optimizer.zero_grad)
+    state_dict = _eager(torch.optim.Optimizer.state_dict)
+    load_state_dict = _eager(torch.optim.Optimizer.load_state_dict)
+
+
+class AdamW(Eager, torch.optim.AdamW):
+    """`torch.optim.AdamW`, unchanged but for the `Eager` methods."""
+
+    step = _eager_step(torch.optim.AdamW.step)
+
+
+class Muon(Eager, torch.optim.Optimizer):
     """MomentUm Orthogonalized by Newton-Schulz, for 2-D weight matrices only.
 
     Per step: m <- lerp(m, g, 1 - momentum); u <- lerp(g, m, momentum) (Nesterov);
@@ -207,14 +263,14 @@ def build_optimizer(recipe: Recipe, model: nn.Module) -> Optimizer:
                 {"params": embeds + others, "weight_decay": 0.0, "lr": t.lr},
             ]
         )
-        return torch.optim.AdamW(groups, lr=t.lr, betas=betas, fused=fused)
+        return AdamW(groups, lr=t.lr, betas=betas, fused=fused)
     muon = Muon(
         _with_peak([{"params": matrices, "lr": t.muon_lr}]),
         lr=t.muon_lr,
         weight_decay=t.weight_decay,
         momentum=t.muon_momentum,
     )
-    adamw = torch.optim.AdamW(
+    adamw = AdamW(
         _with_peak([{"params": embeds + others, "lr": t.lr}]),
         lr=t.lr,
         betas=betas,
