@@ -1,8 +1,9 @@
 """What a restart pays for (issue 15, item 4; `benchmarks/bench_restart.py` times it): a resume of
 a single-process run imports neither `torch._dynamo` (torch's optimizers import it on first use;
 the run's are `Eager`, train/optim.py) nor `torch.distributed.checkpoint` (only a sharded
-checkpoint needs it, checkpoint/dcp_files.py): each costs about as much as `import torch`.
-Counted in a real resume through the command line, never timed."""
+checkpoint needs it, checkpoint/dcp_files.py): each costs about as much as `import torch`. Nor
+the doctor's runner (only `run --doctor` needs it; the run's software fingerprint imports
+`doctor.environment`). Counted in a real resume through the command line, never timed."""
 
 from __future__ import annotations
 
@@ -26,14 +27,19 @@ except SystemExit as e:
 print(json.dumps({"status": status, "imported": [m for m in watched if m in sys.modules]}))
 """
 
-HEAVY = ("torch._dynamo", "torch.distributed.checkpoint", "torch.distributed.tensor")
+UNNEEDED = (
+    "torch._dynamo",
+    "torch.distributed.checkpoint",
+    "torch.distributed.tensor",
+    "trainguard.doctor.runner",
+)
 
 
 def _resume(run_dir: Path, steps: int) -> dict:
     args = ["run", str(run_dir / "recipe.yaml"), "--run-dir", str(run_dir)]
     args += ["--set", f"train.max_steps={steps}", "-q"]
     res = subprocess.run(
-        [sys.executable, "-c", _RESUME, ",".join(HEAVY), *args],
+        [sys.executable, "-c", _RESUME, ",".join(UNNEEDED), *args],
         capture_output=True,
         text=True,
         timeout=240,
@@ -42,7 +48,7 @@ def _resume(run_dir: Path, steps: int) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def test_a_resume_imports_neither_dynamo_nor_dcp(tiny_run_copy: Path) -> None:
+def test_a_resume_imports_neither_dynamo_nor_dcp_nor_the_doctor(tiny_run_copy: Path) -> None:
     out = _resume(tiny_run_copy, 13)
     assert out["status"] == 0
     assert [r["step"] for r in step_rows(tiny_run_copy)] == list(range(1, 14))

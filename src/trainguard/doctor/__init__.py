@@ -12,17 +12,29 @@ store with deadlines), collectives, outliers and fleet (rank 0's analysis), runn
 See docs/doctor.md.
 """
 
-from trainguard.doctor.inject import Injection, parse_rounds
-from trainguard.doctor.plan import DoctorPlan, plan_for
-from trainguard.doctor.runner import DoctorReport, run_doctor
-from trainguard.doctor.team import Team
+from __future__ import annotations
 
-__all__ = [
-    "DoctorPlan",
-    "DoctorReport",
-    "Injection",
-    "Team",
-    "parse_rounds",
-    "plan_for",
-    "run_doctor",
-]
+from typing import Any
+
+# Loaded on first use, as trainguard's own public names: every run imports
+# `doctor.environment` (the software fingerprint, train/envinfo.py), and with it this package,
+# but only `run --doctor` and `trainguard doctor` need the runner and the team.
+_LAZY = {
+    "DoctorPlan": "trainguard.doctor.plan",
+    "DoctorReport": "trainguard.doctor.runner",
+    "Injection": "trainguard.doctor.inject",
+    "Team": "trainguard.doctor.team",
+    "parse_rounds": "trainguard.doctor.inject",
+    "plan_for": "trainguard.doctor.plan",
+    "run_doctor": "trainguard.doctor.runner",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'trainguard.doctor' has no attribute {name!r}")
