@@ -1,10 +1,13 @@
-"""Helpers shared by test modules: the tiny recipe and running the CLI in a fresh process."""
+"""Helpers shared by test modules: the tiny recipe, and running the CLI in a fresh process
+(`run_cli`) or in this one (`invoke_cli`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +54,47 @@ def run_cli(
         env=full_env,
         timeout=timeout,
     )
+
+
+@contextlib.contextmanager
+def process_state_restored() -> Iterator[None]:
+    """A run sets process-wide state (torch threads, determinism, RNG, environment variables):
+    whatever the block changes is put back, so that the next test in this worker starts clean."""
+    import torch
+
+    threads = torch.get_num_threads()
+    det = torch.are_deterministic_algorithms_enabled()
+    warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    rng = torch.get_rng_state()
+    environ = dict(os.environ)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(det, warn_only=warn)
+        torch.set_rng_state(rng)
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def invoke_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`trainguard ARGS` through the real command-line app in this process: the same parsing,
+    checks, exit-status table and messages as `run_cli`, without a new interpreter (importing
+    torch and trainguard costs about 2 s of CPU per process). For what does not depend on being
+    a process of its own: exit statuses, messages, resume decisions, files written. Signals,
+    kills, resource limits and hangs need `run_cli`."""
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+
+    full_env = {"CI": "1", "TRAINGUARD_INJECT": None, **(env or {})}  # None: unset
+    with process_state_restored():
+        res = CliRunner().invoke(app, list(args), env=full_env)
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise AssertionError(f"trainguard {' '.join(args)} raised {res.exception!r}") from (
+            res.exception
+        )
+    return subprocess.CompletedProcess(list(args), res.exit_code, res.stdout, res.stderr)
 
 
 def torchrun_argv(nproc: int) -> list[str]:

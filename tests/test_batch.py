@@ -17,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from runhelpers import run_cli, tiny_recipe_dict
+from runhelpers import invoke_cli, tiny_recipe_dict
 from trainguard.cli import app
 from trainguard.data.order import batch_hash
 from trainguard.data.sampler import ElasticSampler
@@ -65,7 +65,7 @@ def batch_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     recipe = tiny_recipe_dict(_corpus(base / "corpus"), base / "cache")
     recipe["guards"] = {"actions": {"R101": "rollback"}}
     (base / "r.yaml").write_text(yaml.safe_dump(recipe))
-    res = run_cli(
+    res = invoke_cli(
         "run", str(base / "r.yaml"), "--run-dir", str(base / "run"), "-q",
         env={"TRAINGUARD_INJECT": "nan@6"},
     )  # fmt: skip

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import model_zoo
-from runhelpers import run_cli
+from runhelpers import invoke_cli
 from trainguard.checks._model_runner import ModelCheckInputError, cut_points
 from trainguard.checks.model_checks import run_model_checks
 from trainguard.checks.model_target import ModelTargetError, load_model
@@ -178,7 +178,7 @@ def test_cut_points_cover_first_and_last() -> None:
 
 def test_cli_clean_model_exit_0(tmp_path) -> None:
     zoo = model_zoo.__file__
-    res = run_cli("check-model", f"{zoo}:factory", "--seq-len", "12", "--threads", "1", "--json")
+    res = invoke_cli("check-model", f"{zoo}:factory", "--seq-len", "12", "--threads", "1", "--json")
     assert res.returncode == 0, res.stderr
     payload = json.loads(res.stdout)
     assert payload["ok"] is True and payload["vocab_size"] == 64
@@ -187,7 +187,9 @@ def test_cli_clean_model_exit_0(tmp_path) -> None:
 
 
 def test_cli_leaky_model_exit_1() -> None:
-    res = run_cli("check-model", f"{model_zoo.__file__}:leaky_factory", "--seq-len", "12", "--json")
+    res = invoke_cli(
+        "check-model", f"{model_zoo.__file__}:leaky_factory", "--seq-len", "12", "--json"
+    )
     assert res.returncode == 1, res.stderr
     payload = json.loads(res.stdout)
     assert payload["ok"] is False
@@ -215,7 +217,7 @@ def test_module_target_loads() -> None:
 
 
 def test_cli_bad_target_exit_2() -> None:
-    res = run_cli("check-model", f"{model_zoo.__file__}:no_such_factory", "--json")
+    res = invoke_cli("check-model", f"{model_zoo.__file__}:no_such_factory", "--json")
     assert res.returncode == 2
     assert "no callable" in res.stderr and "fix:" in res.stderr
 
@@ -260,7 +262,7 @@ def test_cli_shadow_steps_run_the_shadow_audit() -> None:
     accepted and never passed on."""
     zoo = model_zoo.__file__
     args = ("check-model", f"{zoo}:factory", "--seq-len", "8", "--threads", "1", "--json")
-    res = run_cli(*args, "--dtype", "bf16", "--shadow-steps", "6")
+    res = invoke_cli(*args, "--dtype", "bf16", "--shadow-steps", "6")
     assert res.returncode == 0, res.stderr
     payload = json.loads(res.stdout)
     shadow = payload["precision"]["shadow"]
@@ -268,7 +270,7 @@ def test_cli_shadow_steps_run_the_shadow_audit() -> None:
     (n107,) = [f for f in payload["findings"] if f["code"] == "N107"]
     assert "6 SGD steps" in n107["message"]
     # The audit's passes count the shadow run's 2 x 6 forwards.
-    plain = json.loads(run_cli(*args, "--dtype", "bf16").stdout)
+    plain = json.loads(invoke_cli(*args, "--dtype", "bf16").stdout)
     assert "shadow" not in plain["precision"]
     audit = payload["checks"]["precision_audit"]["forwards"]
     assert audit - plain["checks"]["precision_audit"]["forwards"] == 12
@@ -276,7 +278,7 @@ def test_cli_shadow_steps_run_the_shadow_audit() -> None:
 
 @pytest.mark.parametrize("dtype", [(), ("--dtype", "fp32")])
 def test_cli_shadow_steps_without_a_low_dtype_is_bad_input(dtype: tuple[str, ...]) -> None:
-    res = run_cli("check-model", f"{model_zoo.__file__}:factory", "--shadow-steps", "4", *dtype)
+    res = invoke_cli("check-model", f"{model_zoo.__file__}:factory", "--shadow-steps", "4", *dtype)
     assert res.returncode == 2, res.stderr
     assert "--shadow-steps 4 needs a low-precision --dtype" in res.stderr
     assert "fix:" in res.stderr and "Traceback" not in res.stderr

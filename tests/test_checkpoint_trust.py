@@ -16,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from runhelpers import forge_manifest, run_cli
+from runhelpers import forge_manifest, invoke_cli
 from trainguard.checkpoint import CheckpointStore
 from trainguard.checkpoint.layout import classify
 from trainguard.checkpoint.manifest import MANIFEST, build_manifest, manifest_bytes
@@ -325,7 +325,7 @@ def test_every_checkpoint_corrupt_refuses_then_fresh_sets_the_run_aside(
     lock_inode = (run / ".lock").stat().st_ino
     metrics = (run / "metrics.jsonl").read_bytes()
     folders = tree_digest(ckpts)
-    res = run_cli("run", str(tiny_recipe), "--run-dir", str(run), "-q")
+    res = invoke_cli("run", str(tiny_recipe), "--run-dir", str(run), "-q")
     assert res.returncode == 1, res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "C107" in res.stderr, res.stderr
     for step, why in ((4, "loader.json"), (8, "optimizer.pt"), (12, "model.safetensors")):
@@ -333,7 +333,7 @@ def test_every_checkpoint_corrupt_refuses_then_fresh_sets_the_run_aside(
     assert "--fresh" in res.stderr
     assert (run / "metrics.jsonl").read_bytes() == metrics
     assert tree_digest(ckpts) == folders
-    res = run_cli(
+    res = invoke_cli(
         "run", str(tiny_recipe), "--run-dir", str(run), "-q", "--json", "--fresh",
         "--set", "train.max_steps=4",
     )  # fmt: skip
@@ -358,7 +358,7 @@ def test_run_falls_back_past_checkpoints_that_verify_but_cannot_be_loaded(
     (ckpts / "step-8" / "trainer.json").write_text("{not json")
     reseal(ckpts / "step-12")
     reseal(ckpts / "step-8")
-    res = run_cli(
+    res = invoke_cli(
         "run", str(tiny_recipe), "--run-dir", str(run), "-q", "--json",
         "--set", "train.max_steps=6",
     )  # fmt: skip

@@ -230,7 +230,7 @@ def test_run_preflight_warns_or_stops_on_contamination(tiny_recipe, small_corpus
     """In `trainguard run`: a contaminated share at or below preflight.contamination_max is a
     warning and training goes on (so is a trailing-space trap in a prompt); above it, pre-flight
     stops the run before the first step."""
-    from runhelpers import run_cli
+    from runhelpers import invoke_cli
 
     train_file = next(
         p
@@ -266,12 +266,12 @@ def test_run_preflight_warns_or_stops_on_contamination(tiny_recipe, small_corpus
             f"{r['code']}:{r['metric']}": r["severity"] for r in rows if r.get("kind") == "finding"
         }
 
-    res = run_cli("run", str(path), "--run-dir", str(tmp_path / "a"), "-q")
+    res = invoke_cli("run", str(path), "--run-dir", str(tmp_path / "a"), "-q")
     assert res.returncode == 0, res.stderr
     got = findings(tmp_path / "a")
     assert got["D250:copied"] == "warning"  # 1 of 2 examples: 0.5, not above 0.5
     assert got["E111:prompt"] == "warning"  # a real trap for this tokenizer, but never blocking
-    res = run_cli(
+    res = invoke_cli(
         "run",
         str(path),
         "--run-dir",

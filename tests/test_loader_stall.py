@@ -14,7 +14,7 @@ import torch
 import yaml
 
 import trainguard
-from runhelpers import run_cli, tiny_recipe_dict
+from runhelpers import invoke_cli, tiny_recipe_dict
 from trainguard.monitors.config import MonitorsConfig
 from trainguard.monitors.loader import LoaderStallDetector
 
@@ -81,7 +81,7 @@ def test_run_with_a_slow_loader_names_the_loader(
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(yaml.safe_dump(d))
     run_dir = tmp_path / "run"
-    res = run_cli(
+    res = invoke_cli(
         "run", str(recipe), "--run-dir", str(run_dir), "-q", "--no-evals",
         env={"TRAINGUARD_INJECT": "slowdata@8"},
     )  # fmt: skip

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runhelpers import run_cli, tiny_recipe_dict
+from runhelpers import invoke_cli, tiny_recipe_dict
 from trainguard.errors import ConfigError
 from trainguard.guard import Guard
 from trainguard.metrics.jsonl import MetricsLog, read_metrics
@@ -196,7 +196,7 @@ def faulty_run(tmp_path_factory, small_corpus: Path, cache_dir: Path) -> Path:
     recipe["metrics"] = {"tb_dir": "tb"}
     (base / "tiny.yaml").write_text(yaml.safe_dump(recipe))
     env = {"TRAINGUARD_INJECT": "nan@5"}
-    res = run_cli("run", str(base / "tiny.yaml"), "--run-dir", str(base / "run"), "-q", env=env)
+    res = invoke_cli("run", str(base / "tiny.yaml"), "--run-dir", str(base / "run"), "-q", env=env)
     assert res.returncode == 0, res.stderr
     return base / "run"
 

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 import trainguard
-from runhelpers import run_cli, tiny_recipe_dict
+from runhelpers import invoke_cli, tiny_recipe_dict
 from trainguard.config.schema import MoEConfig
 from trainguard.model.moe import MoEFeedForward
 from trainguard.monitors.config import MonitorsConfig
@@ -151,7 +151,7 @@ def moe_run(
     recipe.write_text(yaml.safe_dump(d))
     run_dir = tmp_path / "run"
     env = {"TRAINGUARD_INJECT": inject} if inject else None
-    res = run_cli("run", str(recipe), "--run-dir", str(run_dir), "-q", "--no-evals", env=env)
+    res = invoke_cli("run", str(recipe), "--run-dir", str(run_dir), "-q", "--no-evals", env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return rows, run_dir

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runhelpers import run_cli
+from runhelpers import invoke_cli
 from trainguard.config import load_recipe, recipe_diff, recipe_to_dict, shipped_recipes
 from trainguard.config.schema import Recipe
 from trainguard.errors import ConfigError
@@ -103,14 +103,14 @@ def test_recipe_diff_lists_changed_keys() -> None:
 
 
 def test_cli_bad_recipe_exit_2(tmp_path: Path) -> None:
-    res = run_cli("run", "default", "--set", "train.precision=fp16", "--run-dir", str(tmp_path))
+    res = invoke_cli("run", "default", "--set", "train.precision=fp16", "--run-dir", str(tmp_path))
     assert res.returncode == 2
     assert "train.precision" in res.stderr and "bf16" in res.stderr
-    res = run_cli("run", "no-such-recipe", "--run-dir", str(tmp_path))
+    res = invoke_cli("run", "no-such-recipe", "--run-dir", str(tmp_path))
     assert res.returncode == 2
     assert "default" in res.stderr  # names the shipped recipes
     broken = tmp_path / "broken.yaml"
     broken.write_text("train: [unclosed\n")
-    res = run_cli("run", str(broken), "--run-dir", str(tmp_path / "r"))
+    res = invoke_cli("run", str(broken), "--run-dir", str(tmp_path / "r"))
     assert res.returncode == 2
     assert "YAML" in res.stderr

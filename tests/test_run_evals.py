@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from runhelpers import run_cli
+from runhelpers import invoke_cli
 
 
 def rows(run_dir: Path, kind: str) -> list[dict]:
@@ -21,10 +21,10 @@ def test_run_refuses_recipe_without_use_case_eval(tiny_recipe: Path, tmp_path: P
     recipe["evals"] = {"specs": []}
     path = tmp_path / "noevals.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    res = run_cli("run", str(path), "--run-dir", str(tmp_path / "a"), "-q")
+    res = invoke_cli("run", str(path), "--run-dir", str(tmp_path / "a"), "-q")
     assert res.returncode == 2
     assert "E101" in res.stderr and "--no-evals" in res.stderr
-    res = run_cli(
+    res = invoke_cli(
         "run",
         str(path),
         "--run-dir",
@@ -55,7 +55,7 @@ def run_with_band(recipe: Path, tmp_path: Path, loss: float, low: float, high: f
     }
     band_path = tmp_path / "band.json"
     band_path.write_text(json.dumps(band))
-    res = run_cli(
+    res = invoke_cli(
         "run",
         str(recipe),
         "--run-dir",

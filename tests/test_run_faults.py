@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runhelpers import run_cli, tiny_recipe_dict
+from runhelpers import invoke_cli, run_cli, tiny_recipe_dict
+from trainguard.config.load import validate_recipe
+from trainguard.data.prepare import cache_key, prepare_data
 
 
 def write_recipe(path: Path, recipe: dict) -> Path:
@@ -32,7 +35,7 @@ def test_corrupt_checkpoint_falls_back_to_previous(tiny_recipe: Path, tiny_run_c
     run_dir = tiny_run_copy
     args = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json"]
     flip_byte(run_dir / "checkpoints" / "step-12" / "model.safetensors")
-    res = run_cli(*args, "--set", "train.max_steps=16")
+    res = invoke_cli(*args, "--set", "train.max_steps=16")
     payload = json.loads(res.stdout)
     assert payload["resumed_from"] == 8 and payload["final_step"] == 16
     corrupt = [f for f in payload["findings"] if "corrupt" in f["message"]]
@@ -53,19 +56,25 @@ def test_checkpoint_with_broken_manifest_is_never_loaded(
     first = next(iter(doc["files"]))
     doc["files"][first]["checksum"] = "0" * 32  # edited
     manifest8.write_text(json.dumps(doc))
-    payload = json.loads(run_cli(*args, "--set", "train.max_steps=14").stdout)
+    payload = json.loads(invoke_cli(*args, "--set", "train.max_steps=14").stdout)
     assert payload["resumed_from"] == 4
     assert payload["final_step"] == 14
 
 
-def test_damaged_shard_is_an_error_naming_the_file(small_corpus: Path, tmp_path: Path) -> None:
-    recipe = tiny_recipe_dict(small_corpus, tmp_path / "cache")
-    recipe["train"]["max_steps"] = 2
+def test_damaged_shard_is_an_error_naming_the_file(
+    small_corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    # The session's prepared data of the tiny recipe, copied (never damage the shared cache).
+    recipe = tiny_recipe_dict(small_corpus, cache_dir)
+    config = validate_recipe(recipe)
+    key = cache_key(config.data, config.tokenizer)
+    prepare_data(config.data, config.tokenizer, progress=False)
+    shutil.copytree(cache_dir / key, tmp_path / "cache" / key)
+    recipe["data"]["cache_dir"] = str(tmp_path / "cache")
     path = write_recipe(tmp_path / "r.yaml", recipe)
-    assert run_cli("run", str(path), "--run-dir", str(tmp_path / "a"), "-q").returncode == 0
     shard = sorted((tmp_path / "cache").rglob("*.bin"))[0]
     flip_byte(shard, offset=10)
-    res = run_cli("run", str(path), "--run-dir", str(tmp_path / "b"), "-q")
+    res = invoke_cli("run", str(path), "--run-dir", str(tmp_path / "b"), "-q")
     assert res.returncode == 2
     assert shard.name in res.stderr and "corrupt" in res.stderr
 
@@ -73,13 +82,13 @@ def test_damaged_shard_is_an_error_naming_the_file(small_corpus: Path, tmp_path:
 def test_missing_and_empty_corpus_are_clear_errors(small_corpus: Path, tmp_path: Path) -> None:
     recipe = tiny_recipe_dict(small_corpus, tmp_path / "cache")
     recipe["data"]["source"] = str(tmp_path / "nowhere")
-    res = run_cli(
+    res = invoke_cli(
         "run", str(write_recipe(tmp_path / "a.yaml", recipe)), "--run-dir", str(tmp_path / "a")
     )
     assert res.returncode == 2 and "nowhere" in res.stderr
     (tmp_path / "empty").mkdir()
     recipe["data"]["source"] = str(tmp_path / "empty")
-    res = run_cli(
+    res = invoke_cli(
         "run", str(write_recipe(tmp_path / "b.yaml", recipe)), "--run-dir", str(tmp_path / "b")
     )
     assert res.returncode == 2 and "empty" in res.stderr
@@ -88,7 +97,7 @@ def test_missing_and_empty_corpus_are_clear_errors(small_corpus: Path, tmp_path:
 def test_unwritable_run_dir_exit_2(tiny_recipe: Path, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    res = run_cli("run", str(tiny_recipe), "--run-dir", str(blocker / "run"))
+    res = invoke_cli("run", str(tiny_recipe), "--run-dir", str(blocker / "run"))
     assert res.returncode == 2
     assert "cannot write to run dir" in res.stderr and "--run-dir" in res.stderr
 
@@ -115,7 +124,7 @@ def test_disk_full_during_checkpoint_keeps_previous(tiny_recipe: Path, tiny_run_
     assert not (run_dir / "checkpoints" / "step-16").exists()
     kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert kept == ["step-12", "step-4", "step-8"], kept
-    res = run_cli(*args[3:], "-q", "--json", "--set", "train.max_steps=16")
+    res = invoke_cli(*args[3:], "-q", "--json", "--set", "train.max_steps=16")
     payload = json.loads(res.stdout)
     assert payload["resumed_from"] == 12 and payload["final_step"] == 16
 

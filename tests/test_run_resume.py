@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from runhelpers import run_cli
+from runhelpers import invoke_cli, run_cli
 
 
 def step_rows(run_dir: Path) -> list[dict]:
@@ -86,7 +86,9 @@ def test_seed_changes_weights_and_data_order(
     # Same-seed runs being bitwise equal is shown above (clean vs chained); here the seed
     # must matter, for the initial weights and for the order of the very first batch.
     other = tmp_path / "seed7"
-    res = run_cli("run", str(tiny_recipe), "--run-dir", str(other), "-q", "--set", "train.seed=7")
+    res = invoke_cli(
+        "run", str(tiny_recipe), "--run-dir", str(other), "-q", "--set", "train.seed=7"
+    )
     assert res.returncode == 0, res.stderr
     a, b = final_weights(finished_tiny_run, 12), final_weights(other, 12)
     assert not all(torch.equal(a[k], b[k]) for k in a)
@@ -97,11 +99,11 @@ def test_resume_extends_max_steps_but_refuses_other_changes(
     tiny_recipe: Path, tiny_run_copy: Path
 ) -> None:
     base = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "-q", "--json"]
-    res = run_cli(*base, "--set", "train.lr=1e-4")
+    res = invoke_cli(*base, "--set", "train.lr=1e-4")
     assert res.returncode == 2
     assert "train.lr" in res.stderr and "--run-dir" in res.stderr
     # How checkpoints are written may change too (the same files either way).
-    res = run_cli(*base, "--set", "train.max_steps=14", "--set", "checkpoint.async_save=false")
+    res = invoke_cli(*base, "--set", "train.max_steps=14", "--set", "checkpoint.async_save=false")
     assert res.returncode == 0, res.stderr
     payload = json.loads(res.stdout)
     assert payload["resumed_from"] == 12 and payload["final_step"] == 14

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from runhelpers import run_cli, tiny_recipe_dict
+from runhelpers import invoke_cli, run_cli, tiny_recipe_dict
 from trainguard.cli import app
 from trainguard.errors import ExitStatus, RunDirBusyError
 from trainguard.util.runlock import LOCK_FILE, FolderLock, read_holder
@@ -212,18 +212,18 @@ def test_changed_data_stops_the_resume_unless_accepted(small_corpus: Path, tmp_p
     path.write_text(yaml.safe_dump(recipe))
     run_dir = tmp_path / "run"
     args = ["run", str(path), "--run-dir", str(run_dir), "--json", "-q", "--no-evals"]
-    assert run_cli(*args).returncode == 0
+    assert invoke_cli(*args).returncode == 0
     with open(corpus / "email" / "utils.py", "a") as f:
         f.write("\n# an edit after the run started\n")
     more = ["--set", "train.max_steps=4"]
-    stopped = run_cli(*args, *more)
+    stopped = invoke_cli(*args, *more)
     assert stopped.returncode == 1, stopped.stderr[-3000:]
     payload = one_json(stopped.stdout)  # a halted run prints its one object too
     assert payload["ok"] is False and payload["exit_status"] == 1 and "D104" in codes(payload)
     assert payload["error"]["type"] == "RunHalted" and "step 2" in payload["error"]["message"]
     assert "--accept-data-change" in stopped.stderr
     assert steps_logged(run_dir) == 2  # stopped before training on the new data
-    accepted = run_cli(*args, *more, "--accept-data-change")
+    accepted = invoke_cli(*args, *more, "--accept-data-change")
     assert accepted.returncode == 0, accepted.stderr[-3000:]
     payload = one_json(accepted.stdout)
     assert payload["ok"] is True and payload["final_step"] == 4 and "D104" in codes(payload)

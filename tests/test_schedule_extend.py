@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runhelpers import run_cli
+from runhelpers import invoke_cli
 from trainguard.train.schedule import LrSchedule, lr_at
 
 
@@ -24,7 +24,7 @@ def _lr(run: Path) -> dict[int, float]:
 
 def _resume(recipe: Path, run: Path, *sets: str):
     args = [a for s in sets for a in ("--set", s)]
-    return run_cli("run", str(recipe), "--run-dir", str(run), "-q", "--no-evals", *args)
+    return invoke_cli("run", str(recipe), "--run-dir", str(run), "-q", "--no-evals", *args)
 
 
 def test_the_planned_schedule_is_the_cosine_bitwise() -> None:
