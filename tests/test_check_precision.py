@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import model_zoo
-from runhelpers import run_cli
+from runhelpers import invoke_cli
 from trainguard.checks.precision_audit import audit_model_precision
 from trainguard.checks.precision_reduction import check_reduction
 from trainguard.errors import BadInputError
@@ -208,7 +208,7 @@ def test_audit_leaves_model_untouched() -> None:
 
 
 def test_cli_check_precision_json_and_exit_status() -> None:
-    bad = run_cli(
+    bad = invoke_cli(
         "check-precision",
         "--dtype",
         "bf16",
@@ -225,5 +225,5 @@ def test_cli_check_precision_json_and_exit_status() -> None:
     assert payload["ok"] is False and "N101" in {f["code"] for f in payload["findings"]}
     assert payload["reduction"]["slope"] < 0.999
     assert set(payload["shadow"]) == {"nearest", "stochastic"}
-    usage = run_cli("check-precision", "--dtype", "fp8", "--json")
+    usage = invoke_cli("check-precision", "--dtype", "fp8", "--json")
     assert usage.returncode == 2 and "fix:" in usage.stderr

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 
-from runhelpers import run_cli
+from runhelpers import invoke_cli
 from trainguard.evals.lint import lint_spec
 from trainguard.evals.load import load_model_for_eval
 
 
 def test_eval_on_a_real_run_and_builtin_lints_clean(finished_tiny_run):
-    res = run_cli("eval", str(finished_tiny_run), "--max-examples", "20", "--json")
+    res = invoke_cli("eval", str(finished_tiny_run), "--max-examples", "20", "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["metrics"]["python_next_line/n"] == 20

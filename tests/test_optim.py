@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runhelpers import run_cli
+from runhelpers import invoke_cli, run_cli
 from test_model import T, V, make_model, tokens
 from test_run_resume import assert_bitwise_equal, final_weights, step_rows
 from trainguard.config.load import load_recipe
@@ -260,7 +260,7 @@ def test_muon_run_killed_and_resumed_is_bitwise_identical(
 ):
     muon = ["--set", "train.optimizer=muon", "-q"]
     clean, chained = tmp_path / "clean", tmp_path / "chained"
-    assert run_cli("run", str(tiny_recipe), "--run-dir", str(clean), *muon).returncode == 0
+    assert invoke_cli("run", str(tiny_recipe), "--run-dir", str(clean), *muon).returncode == 0
     args = ["run", str(tiny_recipe), "--run-dir", str(chained), *muon]
     res = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@6:optimizer"})
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]

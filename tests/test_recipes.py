@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runhelpers import run_cli
+from runhelpers import invoke_cli
 from trainguard.config.load import load_recipe
 from trainguard.reference.catalog import CATALOG, ci_settings, reference_path
 from trainguard.reference.record import record_reference
@@ -62,7 +62,7 @@ def test_recipe_matches_its_reference(
 
 
 def test_recipes_command_lists_the_library() -> None:
-    res = run_cli("recipes", "--json")
+    res = invoke_cli("recipes", "--json")
     assert res.returncode == 0, res.stderr
     entries = {e["name"]: e for e in json.loads(res.stdout)["recipes"]}
     assert set(CATALOG) <= set(entries)
