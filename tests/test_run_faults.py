@@ -103,9 +103,10 @@ def test_unwritable_run_dir_exit_2(tiny_recipe: Path, tmp_path: Path) -> None:
 
 
 def _limit_file_size() -> None:
-    # A real kernel limit: writes past 200 kB fail with EFBIG, like a disk that fills up.
+    # A real kernel limit: writes past 100 kB fail with EFBIG, like a disk that fills up. The
+    # checkpoint write fails first; the report written while the run closes would fail too.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 
 
 def test_disk_full_during_checkpoint_keeps_previous(tiny_recipe: Path, tiny_run_copy: Path) -> None:
@@ -113,14 +114,17 @@ def test_disk_full_during_checkpoint_keeps_previous(tiny_recipe: Path, tiny_run_
     args = [sys.executable, "-m", "trainguard", "run", str(tiny_recipe), "--run-dir", str(run_dir)]
     env = {k: v for k, v in os.environ.items() if k != "TRAINGUARD_INJECT"}
     res = subprocess.run(
-        [*args, "-q", "--set", "train.max_steps=16"],
+        [*args, "-q", "--json", "--set", "train.max_steps=16"],
         capture_output=True,
         text=True,
         env=env,
         preexec_fn=_limit_file_size,
     )
     assert res.returncode == 2, res.stderr
-    assert "checkpoint" in res.stderr.lower()
+    # The error is the checkpoint's, not a traceback from the cleanup that failed after it.
+    assert "checkpoint" in res.stderr.lower() and "Traceback" not in res.stderr
+    payload = json.loads(res.stdout)  # exactly one JSON object
+    assert payload["exit_status"] == 2 and "checkpoint" in payload["error"]["message"].lower()
     assert not (run_dir / "checkpoints" / "step-16").exists()
     kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert kept == ["step-12", "step-4", "step-8"], kept
