@@ -39,8 +39,16 @@ def doctor(*args: str, cwd: Path, affinity: set[int] | None = None, timeout: flo
     return proc.returncode, report, proc.stderr
 
 
+# H404 (throughput fell during the burn: throttling) cannot be planted here, and on a loaded
+# 2-core machine any rank's last quarter can run slower (a full-suite run with other work on
+# the machine saw it on both ranks in the bad-allreduce round): not what these rounds check.
+UNPLANTABLE = {"H404"}
+
+
 def named(round_: dict) -> list[tuple[str, int | None]]:
-    return sorted((f["code"], f["rank"]) for f in round_["findings"])
+    return sorted(
+        (f["code"], f["rank"]) for f in round_["findings"] if f["code"] not in UNPLANTABLE
+    )
 
 
 def test_each_injected_fault_names_rank_1_and_a_clean_round_is_silent(tmp_path: Path) -> None:
@@ -69,7 +77,7 @@ def test_each_injected_fault_names_rank_1_and_a_clean_round_is_silent(tmp_path: 
     assert named(rounds["bad-allreduce/r1"]) == [("H410", 1)]
     assert named(rounds["hang/r1"]) == [("H412", 1)]
     # Named with host and device; the doctor ended with a verdict instead of hanging.
-    hung = rounds["hang/r1"]["findings"][0]
+    (hung,) = [f for f in rounds["hang/r1"]["findings"] if f["code"] == "H412"]
     assert hung["where"] and hung["data"]["device"] == "cpu"
     assert status == 1 and report["ok"] is False
     # The clean round's figures: every rank answered, the collectives were measured.
