@@ -203,6 +203,13 @@ def test_the_loop_trains_on_while_a_checkpoint_is_written(
             for kind in ("async", "sync")
         )
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        # byte for byte: step 2 is written from fresh copies, step 4 from refilled ones
+        for name in ("model.safetensors", "optimizer.pt", "rng.pt", "loader.json"):
+            a, b = (
+                (tmp_path / kind / "checkpoints" / f"step-{step}" / name).read_bytes()
+                for kind in ("async", "sync")
+            )
+            assert a == b, f"step {step}: {name}"
 
 
 # -- callback state ------------------------------------------------------------------------------

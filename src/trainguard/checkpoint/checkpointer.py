@@ -118,6 +118,10 @@ class Checkpointer:
         self._executor: ThreadPoolExecutor | None = None
         self._pending: AsyncSave | None = None
         self._housekeeping: list[Future[None]] = []  # background retention
+        if self.async_save:
+            # The writer thread starts now, not inside the first save: `Thread.start` waits
+            # until the new thread has run, which on a busy machine is a wait for a free core.
+            self._background().submit(lambda: None)
 
     @property
     def sharded_io(self) -> ShardedIO:

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from safetensors.torch import save_model
 
 from trainguard.checkpoint.inventory import load_error_words
@@ -38,6 +37,7 @@ from trainguard.data.sampler import ElasticSampler
 from trainguard.train.checkpoint_checks import generator_state, model_problem, optimizer_problem
 from trainguard.train.optim import Optimizer
 from trainguard.train.schedule import LrSchedule
+from trainguard.train.staging import StagedModel
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -69,27 +69,17 @@ class CheckpointContent:
 @dataclass
 class CheckpointFiles:
     """What `write_checkpoint_files` writes: captured in the caller's thread (the layout's
-    snapshot), written wherever the store says."""
+    snapshot; copied by `train/staging.py` for an asynchronous save), written wherever the
+    store says."""
 
-    model: torch.nn.Module
+    model: torch.nn.Module | StagedModel  # what save_model reads: its state_dict()
     optimizer: Any
     rng: list[dict[str, Any]]
     trainer: dict[str, Any]
     loader: dict[str, int]
-    recipe: dict[str, Any]
+    recipe: str
+    """recipe.yaml's text: the recipe does not change during a run, so it is rendered once."""
     env: dict[str, Any]
-
-    def copied(self) -> CheckpointFiles:
-        """A copy the caller may change the originals under (an asynchronous save)."""
-        return CheckpointFiles(
-            copy.deepcopy(self.model),
-            copy.deepcopy(self.optimizer),
-            copy.deepcopy(self.rng),
-            copy.deepcopy(self.trainer),
-            dict(self.loader),
-            self.recipe,
-            self.env,
-        )
 
 
 def write_checkpoint_files(folder: Path, files: CheckpointFiles) -> None:
@@ -100,7 +90,7 @@ def write_checkpoint_files(folder: Path, files: CheckpointFiles) -> None:
     torch.save({"torch_cpu": files.rng[0]["torch_cpu"], "ranks": files.rng}, folder / RNG_FILE)
     (folder / LOADER_FILE).write_text(json.dumps(files.loader, indent=2))
     (folder / TRAINER_FILE).write_text(json.dumps(files.trainer, indent=2))
-    (folder / RECIPE_FILE).write_text(yaml.safe_dump(files.recipe, sort_keys=False))
+    (folder / RECIPE_FILE).write_text(files.recipe)
     (folder / ENV_FILE).write_text(json.dumps(files.env, indent=2))
 
 

@@ -17,10 +17,12 @@ corrupt one, and the run never holds a half-loaded model.
 from __future__ import annotations
 
 from collections.abc import Callable
+from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from safetensors.torch import load_model
 
 from trainguard.checkpoint.inventory import unloadable
@@ -36,6 +38,7 @@ from trainguard.train.checkpoint_files import (
     write_checkpoint_files,
 )
 from trainguard.train.schedule import LrSchedule
+from trainguard.train.staging import Staging
 
 KEYS = ("model", "optimizer", "sampler", "progress", "guard", "callbacks")
 
@@ -73,9 +76,12 @@ class RunLayout:
         env: dict[str, Any],
         on_written: Callable[[int], None] | None = None,
     ) -> None:
-        self.recipe, self.env = recipe, env
+        # recipe.yaml's text: rendered once (pure-Python YAML is most of a small write's CPU).
+        self.recipe = yaml.safe_dump(recipe, sort_keys=False)
+        self.env = env
         self.on_written = on_written
         self._checked: dict[str, CheckpointContent] = {}  # rank 0 reads a step once
+        self.staging = Staging()  # the copies an asynchronous save writes from
         self.loaded_env: dict[str, Any] | None = None  # env.json of the step `read` restored
         self.schedule: LrSchedule | None = None
         """The LR schedule the run trains on, saved in trainer.json (`schedule`)."""
@@ -91,16 +97,20 @@ class RunLayout:
             "callbacks": p["callbacks"].value.state_dict(),
             "schedule": self.schedule.to_list() if self.schedule is not None else [],
         }
-        files = CheckpointFiles(
-            model=p["model"].value,
-            optimizer=p["optimizer"].value.state_dict(),
+        model, optimizer = p["model"].value, p["optimizer"].value.state_dict()
+        if copy:  # an asynchronous save: the loop changes the originals right after this
+            model, optimizer = self.staging.model(model), self.staging.tree(optimizer)
+            # rng was captured for this save alone (capture_rng): nothing else changes it
+            trainer = deepcopy(trainer)
+        return CheckpointFiles(
+            model=model,
+            optimizer=optimizer,
             rng=rng,
             trainer=trainer,
-            loader=trainer["loader"],
+            loader=dict(trainer["loader"]),
             recipe=self.recipe,
             env=self.env,
         )
-        return files.copied() if copy else files
 
     @staticmethod
     def _loader(sampler: Any, step: int) -> dict[str, int]:
