@@ -1,6 +1,6 @@
-"""The copy an asynchronous save of `trainguard run` writes from (train/staging.py): the files are
-byte for byte a save in the loop's, the copies are kept and refilled from one save to the next,
-they are made on one thread, and no thread is started inside the first save."""
+"""The copy an asynchronous save of `trainguard run` writes from (checkpoint/staging.py): the
+files are byte for byte a save in the loop's, the copies are kept and refilled from one save to
+the next, they are made on one thread, and no thread is started inside the first save."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import torch
 from loophelpers import run_state
 from trainguard import ElasticSampler
 from trainguard.checkpoint.checkpointer import Checkpointer
+from trainguard.checkpoint.staging import Staging
 from trainguard.config.load import validate_recipe
 from trainguard.model.gpt import GPT
 from trainguard.train.layout import Progress, RunLayout
 from trainguard.train.optim import build_optimizer
-from trainguard.train.staging import Staging
 
 FILES = (
     "model.safetensors",

@@ -15,6 +15,7 @@ Checkpointer keeps the rest (snapshot, async, manifest, verification, fallback, 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from trainguard.checkpoint import codec
+from trainguard.checkpoint.staging import one_thread
 from trainguard.errors import BadInputError
 
 KIND_ORDER = ("module", "optimizer", "stateful", "tensor", "plain")  # restore order
@@ -144,9 +146,10 @@ class FlatLayout:
 
     def snapshot(self, parts: list[Part], rng: list[dict[str, Any]], copy: bool) -> Any:
         values, tensors = {}, {}
-        for p in parts:
-            values[p.key], t = codec.encode(p.state(), p.where, copy=copy)
-            tensors.update(t)
+        with one_thread() if copy else contextlib.nullcontext():  # staging.py says why
+            for p in parts:
+                values[p.key], t = codec.encode(p.state(), p.where, copy=copy)
+                tensors.update(t)
         rng_doc, rng_tensors = codec.encode(rng, "rng", copy=copy)  # keys "rng[r]...": distinct
         doc = {"values": values, "kinds": {p.key: p.kind for p in parts}, "rng": rng_doc}
         return doc, tensors | rng_tensors

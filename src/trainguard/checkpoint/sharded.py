@@ -45,6 +45,7 @@ from trainguard.checkpoint.failures import failure_text
 from trainguard.checkpoint.group import CheckpointGroup, RankLostError
 from trainguard.checkpoint.layout import FlatLayout, Part
 from trainguard.checkpoint.results import CheckpointInfo
+from trainguard.checkpoint.staging import one_thread
 from trainguard.checkpoint.store import CheckpointStore
 from trainguard.errors import BadInputError, StorageError
 from trainguard.findings import Finding
@@ -108,7 +109,8 @@ class ShardedIO:
         rest = [p for p in parts if p.kind not in DCP_KINDS]
         state: dict[str, Any] = wrappers
         if copy:  # a CPU copy of every shard: training may go on while it is written
-            state = self._stage({k: w.state_dict() for k, w in wrappers.items()})
+            with one_thread():  # staging.py says why
+                state = self._stage({k: w.state_dict() for k, w in wrappers.items()})
         snapshot = self.rest_layout.snapshot(rest, [], copy) if self.group.rank == 0 else None
         return lambda: self._save(step, state, (snapshot, rng), meta)
 

@@ -32,12 +32,12 @@ import torch
 from safetensors.torch import save_model
 
 from trainguard.checkpoint.inventory import load_error_words
+from trainguard.checkpoint.staging import StagedModel
 from trainguard.data.order import LoaderState
 from trainguard.data.sampler import ElasticSampler
 from trainguard.train.checkpoint_checks import generator_state, model_problem, optimizer_problem
 from trainguard.train.optim import Optimizer
 from trainguard.train.schedule import LrSchedule
-from trainguard.train.staging import StagedModel
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -69,7 +69,7 @@ class CheckpointContent:
 @dataclass
 class CheckpointFiles:
     """What `write_checkpoint_files` writes: captured in the caller's thread (the layout's
-    snapshot; copied by `train/staging.py` for an asynchronous save), written wherever the
+    snapshot; copied by `checkpoint/staging.py` for an asynchronous save), written wherever the
     store says."""
 
     model: torch.nn.Module | StagedModel  # what save_model reads: its state_dict()

@@ -27,6 +27,7 @@ from safetensors.torch import load_model
 
 from trainguard.checkpoint.inventory import unloadable
 from trainguard.checkpoint.layout import Part
+from trainguard.checkpoint.staging import Staging
 from trainguard.data.order import LoaderState
 from trainguard.findings import Finding
 from trainguard.train.checkpoint_files import (
@@ -38,7 +39,6 @@ from trainguard.train.checkpoint_files import (
     write_checkpoint_files,
 )
 from trainguard.train.schedule import LrSchedule
-from trainguard.train.staging import Staging
 
 KEYS = ("model", "optimizer", "sampler", "progress", "guard", "callbacks")
 

@@ -1,29 +1,30 @@
-"""The copy of the run's state that a background checkpoint write reads (`checkpoint.async_save`).
+"""The copy of the state that a background checkpoint write reads (`async_save=True`).
 
-An asynchronous save must copy the state before the loop changes it, and that copy is the
-loop's whole stall per checkpoint. `copy.deepcopy` of the model and of the optimizer's state
-dict walks every Python object of the module and allocates every tensor afresh at each save:
-about 25 ms of CPU on the default model, where copying the tensors into buffers kept from the
-previous save takes about 1 ms, and on a shared machine every millisecond of CPU in the loop can
-become ten of waiting for a core. So `Staging` copies tensors only: the first save of a run
-allocates its buffers (clones), every later one refills them with one `torch._foreach_copy_`
-and rebuilds only the small containers around them.
+An asynchronous save must copy the state before the loop changes it, and that copy is the loop's
+whole stall per checkpoint. `Staging` makes it for `trainguard run`'s layout (train/layout.py);
+`one_thread` serves every asynchronous copy (FlatLayout's, the sharded one). `copy.deepcopy` of
+the model and of the optimizer's state dict walks every Python object of the module and
+allocates every tensor afresh at each save: about 25 ms of CPU on the default model, where
+copying the tensors into buffers kept from the previous save takes about 1 ms, and on a shared
+machine every millisecond of CPU in the loop can become ten of waiting for a core. So `Staging`
+copies tensors only: the first save of a run allocates its buffers (clones), every later one
+refills them with one `torch._foreach_copy_` and rebuilds only the small containers around them.
 
-The copies run on one thread. torch splits a copy of more than 32768 elements over its
-intra-op threads, and each split ends at a barrier that waits for every thread of the team: on a
-machine whose other cores are busy (other processes, the previous write, a data loader) a copy
-of the default model's 176 tensors, about 16 MB, took a median of 17-230 ms and up to 650 ms
-on two threads against 3 ms (at most 15 ms) on one (`benchmarks/bench_run_checkpoint_stall.py`
-is the loop-level figure). Copying memory is bound by memory bandwidth, so one core loses
-little even on an idle machine, and the save it replaces writes the same bytes to disk.
+The copies run on one thread. torch splits a copy of more than 32768 elements over its intra-op
+threads, and each split ends at a barrier that waits for every thread of the team: on a machine
+whose other cores are busy (other processes, the previous write, a data loader) each barrier is
+a wait for a core. The default run's state is 176 tensors (12.9 MB, 27 of them split); on the
+shared 2-core machine its deepcopy took 106-1110 ms on two threads (the waiting thread spinning:
+15-210 ms of CPU) and 26-96 ms on one, same code, side by side. Copying memory is bound by
+memory bandwidth, so one core loses little even on an idle machine, and the save it replaces
+writes the same bytes to disk.
 
 Refilling is safe because the Checkpointer waits for the previous write before it takes a
 snapshot (one write at a time): nothing reads the buffers while they are refilled. Tensors that
 share a storage stay shared in the copy (tied weights are stored once); state whose tensors are
 views into a larger storage, or share one in another shape, is deep-copied as before, so the
 files are byte for byte those a save in the loop writes. Buffers whose shapes, dtypes or devices
-no longer match are allocated afresh.
-"""
+no longer match are allocated afresh."""
 
 from __future__ import annotations
 
