@@ -150,3 +150,25 @@ def test_known_collective_tensors_sum_exactly_in_the_dtype(dtype, world) -> None
         acc += known(q, 257, m, tested, cpu)
     assert torch.equal(acc.double(), expected_sum(world, 257, m, cpu))
     assert tested == (torch.float32 if (dtype, world) == (torch.bfloat16, 300) else dtype)
+
+
+def test_short_work_is_timed_over_at_least_ten_milliseconds() -> None:
+    """A 1 ms call is repeated within each timing (what keeps a healthy rank's 1-2 ms matmul
+    from looking 2.5x slower than the other's); the time returned is still per call."""
+    import time
+
+    from trainguard.doctor.report import MIN_TIMING_S, Stopwatch
+
+    calls = 0
+
+    def one_millisecond() -> None:  # of this process's CPU time
+        nonlocal calls
+        calls += 1
+        end = time.process_time() + 0.001
+        while time.process_time() < end:
+            pass
+
+    seconds = Stopwatch(torch.device("cpu")).fastest(one_millisecond, reps=3)
+    assert MIN_TIMING_S == 0.01
+    assert calls >= 1 + 3 * 5, calls  # each of the 3 timings repeats the call (about 10 times)
+    assert 0.001 <= seconds < 0.005  # per call
