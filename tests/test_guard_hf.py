@@ -14,7 +14,6 @@ which exits 3 for a restart.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import multiprocessing
@@ -23,7 +22,6 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ transformers = pytest.importorskip("transformers")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from runhelpers import judged_on_device  # noqa: E402
+from trainguard.checkpoint.staging import one_thread  # noqa: E402
 from trainguard.config.distributed import DistributedConfig  # noqa: E402
 from trainguard.errors import ConfigError, CorruptError, RunHalted  # noqa: E402
 from trainguard.guard import Guard  # noqa: E402
@@ -152,16 +151,6 @@ def train(out: Path, resume: Any = None, snapshots: bool = False, **kw: Any) -> 
     with one_thread():
         trainer.train(resume_from_checkpoint=resume)
     return run
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ The public objects load lazily so that `import trainguard` stays cheap for the C
 
 from __future__ import annotations
 
-from typing import Any
+from trainguard.util.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -26,9 +26,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)

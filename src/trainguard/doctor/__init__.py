@@ -14,7 +14,7 @@ See docs/doctor.md.
 
 from __future__ import annotations
 
-from typing import Any
+from trainguard.util.lazy import lazy_getattr
 
 # Loaded on first use, as trainguard's own public names: every run imports
 # `doctor.environment` (the software fingerprint, train/envinfo.py), and with it this package,
@@ -32,9 +32,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'trainguard.doctor' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY)
