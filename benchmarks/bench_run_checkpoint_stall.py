@@ -10,6 +10,7 @@ design). Prints each round, the median stall per checkpoint of each setting, the
 target is <= 0.1) and the machine line.
 
     python benchmarks/bench_run_checkpoint_stall.py [--steps 16] [--interval 4] [--rounds 3]
+        [--set model.d_model=256 ...]
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--interval", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override, e.g. --set model.d_model=256 (repeatable)",
+    )
     args = ap.parse_args()
     print(describe())
     overrides = [
@@ -72,6 +80,7 @@ def main() -> None:
         "checkpoint.keep=2",
         "train.eval_batches=1",
         "preflight.enabled=false",
+        *args.set,
     ]
     recipes = {
         mode: load_recipe(args.recipe, [*overrides, f"checkpoint.async_save={mode == 'async'}"])
