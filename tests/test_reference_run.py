@@ -131,7 +131,7 @@ def test_clean_rerun_is_bitwise_equal_with_operational_keys_changed(
         "checkpoint.interval=3",
         "checkpoint.keep=1",
         "evals.interval=5",  # use-case evals between steps (the reference ran without)
-        "evals.max_examples=20",
+        "evals.max_examples=10",
         evals=True,
     )
     assert event["bitwise_expected"], event
