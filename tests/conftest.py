@@ -11,10 +11,9 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
-from runhelpers import tiny_recipe_dict
+from runhelpers import process_state_restored, tiny_recipe_dict
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -31,14 +30,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def torch_globals():
     """run_recipe sets process-wide torch state (threads, determinism, seeds): restore it."""
-    threads = torch.get_num_threads()
-    det = torch.are_deterministic_algorithms_enabled()
-    warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    rng = torch.get_rng_state()
-    yield
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(det, warn_only=warn)
-    torch.set_rng_state(rng)
+    with process_state_restored():
+        yield
 
 
 # A fixed slice of real Python source: deterministic, small enough for a quick tokenizer.
