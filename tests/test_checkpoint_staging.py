@@ -1,6 +1,8 @@
 """The copy an asynchronous save of `trainguard run` writes from (checkpoint/staging.py): the
-files are byte for byte a save in the loop's, the copies are kept and refilled from one save to
-the next, they are made on one thread, and no thread is started inside the first save."""
+files are byte for byte a save in the loop's, made in the loop's thread or in the writer thread
+(`background_copy`); the copies are kept and refilled from one save to the next; in the loop's
+thread they are made on one intra-op thread, and the writer thread never sets the thread count;
+a model with buffers is copied inside the save; no thread is started inside the first save."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import torch
 from loophelpers import run_state
 from trainguard import ElasticSampler
 from trainguard.checkpoint.checkpointer import Checkpointer
+from trainguard.checkpoint.layout import classify
 from trainguard.checkpoint.staging import Staging
 from trainguard.config.load import validate_recipe
+from trainguard.errors import BadInputError
 from trainguard.model.gpt import GPT
 from trainguard.train.layout import Progress, RunLayout
 from trainguard.train.optim import build_optimizer
@@ -67,9 +71,10 @@ class GatedLayout(RunLayout):
         super().write(folder, snapshot)
 
 
+@pytest.mark.parametrize("background_copy", [False, True])
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_async_saves_write_the_bytes_a_save_in_the_loop_writes(
-    tmp_path: Path, torch_globals: None, optimizer: str
+    tmp_path: Path, torch_globals: None, optimizer: str, background_copy: bool
 ) -> None:
     model, opt = training(optimizer)
     progress = Progress()
@@ -77,7 +82,13 @@ def test_async_saves_write_the_bytes_a_save_in_the_loop_writes(
         model, opt, ElasticSampler(100, global_batch_size=2, seed=0), progress=progress
     )
     layout = GatedLayout()
-    background = Checkpointer(tmp_path / "async", keep=10, async_save=True, layout=layout)
+    background = Checkpointer(
+        tmp_path / "async",
+        keep=10,
+        async_save=True,
+        layout=layout,
+        background_copy=background_copy,
+    )
     in_loop = Checkpointer(
         tmp_path / "sync", keep=10, layout=RunLayout(layout_recipe(), layout.env)
     )
@@ -88,6 +99,7 @@ def test_async_saves_write_the_bytes_a_save_in_the_loop_writes(
             in_loop.save(step, state)
             layout.gate.clear()
             handle = background.save(step, state)
+            background.wait_copied()  # at once without background_copy
             train_step(model, opt)  # the live state moves on before the copy is written
             layout.gate.set()
             handle.wait()
@@ -130,7 +142,7 @@ def test_views_and_shared_storage_are_deep_copied_as_before() -> None:
     )
 
 
-def test_copies_run_on_one_thread_and_the_count_is_restored(
+def test_copies_in_the_loops_thread_run_on_one_thread_and_the_count_is_restored(
     torch_globals: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, opt = training("adamw")
@@ -144,12 +156,52 @@ def test_copies_run_on_one_thread_and_the_count_is_restored(
         return real_copy(*args, **kwargs)
 
     monkeypatch.setattr(torch, "_foreach_copy_", counting_copy)
-    staging = Staging()
+    layout = RunLayout(layout_recipe(), {})
+    parts = classify(run_state(model, opt, ElasticSampler(100, global_batch_size=2, seed=0)))
     for _ in range(2):  # the second round refills, through _foreach_copy_
-        staging.model(model)
-        staging.tree(opt.state_dict())
+        layout.snapshot(parts, [], copy=True)
     assert threads_seen == [1, 1]
     assert torch.get_num_threads() == 2
+
+
+def test_the_writer_threads_copy_leaves_the_thread_count_alone(
+    tmp_path: Path, torch_globals: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`torch.set_num_threads` sets MKL's thread count for the whole process: from the writer
+    thread it would change the count under the loop's matrix products (and their bits)."""
+    model, opt = training("adamw")
+    train_step(model, opt)
+    state = run_state(model, opt, ElasticSampler(100, global_batch_size=2, seed=0))
+    checkpointer = Checkpointer(
+        tmp_path,
+        async_save=True,
+        background_copy=True,
+        layout=RunLayout(layout_recipe(), {}),
+    )
+    copied_in: list[str] = []
+    set_in: list[str] = []
+    real_copy, real_set = torch._foreach_copy_, torch.set_num_threads
+
+    def recording_copy(*args: Any, **kwargs: Any) -> Any:
+        copied_in.append(threading.current_thread().name)
+        return real_copy(*args, **kwargs)
+
+    def recording_set(n: int) -> None:
+        set_in.append(threading.current_thread().name)
+        real_set(n)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", recording_copy)
+    monkeypatch.setattr(torch, "set_num_threads", recording_set)
+    try:
+        for step in (1, 2):  # 2 refills the buffers, through _foreach_copy_
+            checkpointer.save(step, state)
+            checkpointer.wait_copied()
+            train_step(model, opt)
+        checkpointer.close()
+    finally:
+        monkeypatch.undo()
+    assert copied_in and all(n.startswith("trainguard-checkpointer") for n in copied_in)
+    assert set_in == []
 
 
 def test_the_first_async_save_starts_no_thread(
@@ -174,3 +226,25 @@ def test_the_first_async_save_starts_no_thread(
         checkpointer.close()
     assert [n for n in started if n.startswith("trainguard-checkpointer")] == []
     assert checkpointer.steps() == [1, 2]
+
+
+def test_a_model_with_buffers_is_copied_inside_the_save(torch_globals: None) -> None:
+    """A forward may change a module's buffers (BatchNorm's running statistics), so `stage`
+    copies such a model at once instead of beside the next forward."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.AdamW(model.parameters())
+    opt.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+    parts = classify(run_state(model, opt, ElasticSampler(100, global_batch_size=2, seed=0)))
+    files, copy = RunLayout(layout_recipe(), {}).stage(parts, [])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model(torch.randn(8, 4))  # the next forward: the running statistics move
+    copy()
+    staged = files.model.state_dict()
+    assert all(torch.equal(staged[k], before[k]) for k in before)
+
+
+def test_background_copy_needs_an_async_save(tmp_path: Path) -> None:
+    with pytest.raises(BadInputError, match="async_save=True"):
+        Checkpointer(tmp_path, background_copy=True)

@@ -173,11 +173,22 @@ def test_the_loop_trains_on_while_a_checkpoint_is_written(
     """Step 2's checkpoint is held mid-write until step 3 has finished: the loop must have
     trained on meanwhile (a save in the loop would wait here until the gate times out). The
     copy is of step 2's state (bitwise the in-loop save's weights), and the run's end waits
-    for every write."""
+    for every write.
+
+    The copy of step 2's weights and optimizer state, made in the writer thread beside step
+    3's forward and backward, is held until step 3 has finished (for a second at most): step
+    3 must wait for it before its update (`Checkpointer.wait_copied`), or its update would
+    land in step 2's files."""
     import trainguard.train.layout as layout
 
     gate, real_write = threading.Event(), layout.write_checkpoint_files
     seen: dict[int, bool] = {}
+    real_copy, copied_after_step_3 = layout.RunLayout._copy_into, []
+
+    def held_copy(self: Any, files: Any, parts: Any) -> None:
+        if files.trainer["step"] == 2:
+            copied_after_step_3.append(gate.wait(timeout=1.0))  # True: step 3 went on
+        real_copy(self, files, parts)
 
     def gated_write(folder: Path, files: Any) -> None:
         if files.trainer["step"] == 2:
@@ -193,8 +204,10 @@ def test_the_loop_trains_on_while_a_checkpoint_is_written(
                 gate.set()
 
     monkeypatch.setattr(layout, "write_checkpoint_files", gated_write)
+    monkeypatch.setattr(layout.RunLayout, "_copy_into", held_copy)
     run_in_process(recipe_for(), tmp_path / "async", [Watch()])
     assert seen[3] is False  # step 3 ran while step 2's checkpoint was still being written
+    assert copied_after_step_3 == [False]  # step 3 waited for the copy before its update
     monkeypatch.setattr(layout, "write_checkpoint_files", real_write)
     run_in_process(recipe_for(async_save=False), tmp_path / "sync")
     for step in (2, 4):  # the same checkpoints, committed by the time the run returned

@@ -21,6 +21,7 @@ cache (node_cache.py) and read there by the machine's other ranks.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -65,7 +66,13 @@ class Checkpointer:
     issue 11's signature: `layout` (the files of a non-sharded checkpoint), `retry` (backoff,
     stagger and verification of remote transfers), `cache_dir` (the node cache, default
     `$TRAINGUARD_CACHE/node`), `on_phase(phase, step)` (fire drills: "shards_written" on every
-    rank, "checkpoint_rename" on rank 0 just before the commit)."""
+    rank, "checkpoint_rename" on rank 0 just before the commit), `background_copy` (below).
+
+    `background_copy=True` (with `async_save`, and a layout that has `stage`: `trainguard
+    run`'s) moves the copy of the weights and the optimizer state out of `save` too: it is the
+    writer thread's first work, beside the caller's next forward and backward, and the caller
+    calls `wait_copied()` before anything changes them (the optimizer step, a load). Other
+    layouts copy inside `save`, as without it."""
 
     def __init__(
         self,
@@ -80,16 +87,23 @@ class Checkpointer:
         retry: RetryPolicy | None = None,
         cache_dir: str | Path | None = None,
         on_phase: Callable[[str, int], None] | None = None,
+        background_copy: bool = False,
     ) -> None:
         if rate_limit_mb_s is not None and rate_limit_mb_s <= 0:
             raise BadInputError(
                 f"rate_limit_mb_s={rate_limit_mb_s} must be positive",
                 "pass None for no limit, or megabytes per second per rank",
             )
+        if background_copy and not async_save:
+            raise BadInputError(
+                "background_copy=True copies the state in the writer thread of an async save",
+                "pass async_save=True with it, or leave background_copy out",
+            )
         if sharded not in (None, True, False):
             raise BadInputError(f"sharded={sharded!r}", "pass None (detect), True or False")
         self.root = str(path_or_url)
         self.async_save, self.sharded = bool(async_save), sharded
+        self.background_copy = bool(background_copy)
         self.layout: Layout = layout or FlatLayout()
         self.group = CheckpointGroup()
         node_cache, staging = None, None
@@ -117,6 +131,7 @@ class Checkpointer:
         self.last_meta: dict[str, Any] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._pending: AsyncSave | None = None
+        self._copied: threading.Event | None = None  # set once a background copy is made
         self._housekeeping: list[Future[None]] = []  # background retention
         if self.async_save:
             # The writer thread starts now, not inside the first save: `Thread.start` waits
@@ -138,7 +153,8 @@ class Checkpointer:
     ) -> str | AsyncSave:
         """Save `state` as step `step` (completed steps); collective. Returns the checkpoint's
         path or URL, or with `async_save=True` an AsyncSave handle (the state is captured
-        before this returns, so the caller may change it right away). `meta`: plain data for
+        before this returns, so the caller may change it right away; with `background_copy`,
+        once `wait_copied()` has returned). `meta`: plain data for
         the manifest's `meta` (e.g. what the data was), read back as `last_meta`."""
         t0 = time.perf_counter()
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -168,7 +184,12 @@ class Checkpointer:
             job = self._plain_job(step, parts, self.group.all_gather(capture_rng()), meta)
         if not self.async_save:
             return self._finish(*job())
-        handle = AsyncSave(self._background().submit(lambda: self._finish(*job())), 0.0)
+        try:
+            future = self._background().submit(lambda: self._finish(*job()))
+        except BaseException:
+            self._copied = None  # no job, no copy to wait for
+            raise
+        handle = AsyncSave(future, 0.0)
         handle.stall_s = time.perf_counter() - t0
         self._pending = handle
         return handle
@@ -176,18 +197,28 @@ class Checkpointer:
     def _plain_job(self, step: int, parts: list[Part], rng: list[dict], meta: dict) -> Job:
         """Rank 0 captures the state now; the job writes it through the store and tells every
         rank the outcome."""
-        snapshot, error = None, None
+        snapshot, copy, error = None, None, None
+        stage = getattr(self.layout, "stage", None) if self.background_copy else None
         if self.group.rank == 0:
             try:
-                snapshot = self.layout.snapshot(parts, rng, self.async_save)
+                if stage is not None:
+                    snapshot, copy = stage(parts, rng)
+                else:
+                    snapshot = self.layout.snapshot(parts, rng, self.async_save)
             except Exception as e:
                 error = e
         self._agree(error, "capture the state for the checkpoint")
+        copied = self._copied = threading.Event() if copy is not None else None
 
         def job() -> tuple[str, list[Finding]]:
             location, findings, err = None, [], None
             if self.group.rank == 0:
                 try:
+                    if copy is not None and copied is not None:
+                        try:  # first: the caller waits for it before its optimizer step
+                            copy()
+                        finally:
+                            copied.set()
                     info = self.store.save(step, lambda d: self.layout.write(d, snapshot), meta)
                     location, findings = info.location, info.findings
                 except Exception as e:
@@ -222,6 +253,14 @@ class Checkpointer:
         if self.sharded is not None:
             return self.sharded
         return any(p.kind == "module" and is_sharded_module(p.value) for p in parts)
+
+    def wait_copied(self) -> None:
+        """Return once the state of the save in flight is copied (`background_copy`): the
+        caller may change it from then on. Returns at once when no copy is under way; an error
+        of the copy is raised where the save's is (its `wait`, the next save, `close`)."""
+        copied, self._copied = self._copied, None
+        if copied is not None:
+            copied.wait()
 
     def _drain(self) -> None:
         """Wait for the async save in flight; raise its error if nobody has seen it."""

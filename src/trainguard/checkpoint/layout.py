@@ -126,7 +126,9 @@ class Layout(Protocol):
     Optional: `check(folder, parts, step) -> list[Finding]` reads a verified step against the
     caller's objects without changing them, on rank 0 before the step is chosen (an error
     finding passes it over like a checksum mismatch: C111 when a file does not fit); a true
-    `reads_unmarked` lets it read steps whose manifest predates the Checkpointer's entry."""
+    `reads_unmarked` lets it read steps whose manifest predates the Checkpointer's entry;
+    `stage(parts, rng) -> (snapshot, copy)` returns a snapshot whose tensors the callable
+    `copy` fills later, in the writer thread (`Checkpointer(background_copy=True)`)."""
 
     name: str
 

@@ -1,8 +1,10 @@
 """The copy of the state that a background checkpoint write reads (`async_save=True`).
 
-An asynchronous save must copy the state before the loop changes it, and that copy is the loop's
-whole stall per checkpoint. `Staging` makes it for `trainguard run`'s layout (train/layout.py);
-`one_thread` serves every asynchronous copy (FlatLayout's, the sharded one). `copy.deepcopy` of
+An asynchronous save must copy the state before the loop changes it. `Staging` makes that copy
+for `trainguard run`'s layout (train/layout.py): in the Checkpointer's writer thread while the
+loop runs its next forward and backward (`RunLayout.stage`), or in the loop's thread
+(`RunLayout.snapshot`). `one_thread` serves every copy made in the loop's thread (FlatLayout's,
+the sharded one, the run's). `copy.deepcopy` of
 the model and of the optimizer's state dict walks every Python object of the module and
 allocates every tensor afresh at each save: about 25 ms of CPU on the default model, where
 copying the tensors into buffers kept from the previous save takes about 1 ms, and on a shared
@@ -10,14 +12,18 @@ machine every millisecond of CPU in the loop can become ten of waiting for a cor
 copies tensors only: the first save of a run allocates its buffers (clones), every later one
 refills them with one `torch._foreach_copy_` and rebuilds only the small containers around them.
 
-The copies run on one thread. torch splits a copy of more than 32768 elements over its intra-op
-threads, and each split ends at a barrier that waits for every thread of the team: on a machine
-whose other cores are busy (other processes, the previous write, a data loader) each barrier is
-a wait for a core. The default run's state is 176 tensors (12.9 MB, 27 of them split); on the
-shared 2-core machine its deepcopy took 106-1110 ms on two threads (the waiting thread spinning:
-15-210 ms of CPU) and 26-96 ms on one, same code, side by side. Copying memory is bound by
-memory bandwidth, so one core loses little even on an idle machine, and the save it replaces
-writes the same bytes to disk.
+On the loop's thread the copies run on one intra-op thread (`one_thread`, around the calls).
+torch splits a copy of more than 32768 elements over its intra-op threads, and each split ends
+at a barrier that waits for every thread of the team: on a machine whose other cores are busy
+(other processes, the previous write, a data loader) each barrier is a wait for a core. The
+default run's state is 176 tensors (12.9 MB, 27 of them split); on the shared 2-core machine
+its deepcopy took 106-1110 ms on two threads (the waiting thread spinning: 15-210 ms of CPU)
+and 26-96 ms on one, same code, side by side. Copying memory is bound by memory bandwidth, so
+one core loses little even on an idle machine, and the save it replaces writes the same bytes
+to disk. In any other thread (the Checkpointer's writer, `RunLayout.stage`) `one_thread` must
+not be used: `torch.set_num_threads` also sets MKL's thread count, for the whole process, under
+the loop's matrix products; there the copy runs beside the loop's forward and backward and
+nobody waits for its barriers.
 
 Refilling is safe because the Checkpointer waits for the previous write before it takes a
 snapshot (one write at a time): nothing reads the buffers while they are refilled. Tensors that
@@ -63,16 +69,6 @@ class Staging:
 
     def model(self, live: nn.Module) -> StagedModel | nn.Module:
         """`live`'s weights now, where `live`'s later updates do not reach them."""
-        with one_thread():
-            return self._model(live)
-
-    def tree(self, live: Any) -> Any:
-        """`live` (dicts, lists and tuples of tensors and plain values: an optimizer's state
-        dict) copied, its tensors into the buffers of the previous call when they fit."""
-        with one_thread():
-            return self._tree(live)
-
-    def _model(self, live: nn.Module) -> StagedModel | nn.Module:
         state = live.state_dict()
         shared = _distinct(list(state.values()), by_object=False)
         if shared is None:
@@ -81,7 +77,9 @@ class Staging:
         buffers = self._fill("model", unique)
         return StagedModel(OrderedDict((k, buffers[i]) for k, i in zip(state, index, strict=True)))
 
-    def _tree(self, live: Any) -> Any:
+    def tree(self, live: Any) -> Any:
+        """`live` (dicts, lists and tuples of tensors and plain values: an optimizer's state
+        dict) copied, its tensors into the buffers of the previous call when they fit."""
         shared = _distinct(list(_tensors(live, set())), by_object=True)
         if shared is None:
             return copy.deepcopy(live)

@@ -69,8 +69,8 @@ class CheckpointContent:
 @dataclass
 class CheckpointFiles:
     """What `write_checkpoint_files` writes: captured in the caller's thread (the layout's
-    snapshot; copied by `checkpoint/staging.py` for an asynchronous save), written wherever the
-    store says."""
+    snapshot; copied by `checkpoint/staging.py` for an asynchronous save, the weights and the
+    optimizer state in the writer thread with `stage`), written wherever the store says."""
 
     model: torch.nn.Module | StagedModel  # what save_model reads: its state_dict()
     optimizer: Any

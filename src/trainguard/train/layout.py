@@ -27,7 +27,7 @@ from safetensors.torch import load_model
 
 from trainguard.checkpoint.inventory import unloadable
 from trainguard.checkpoint.layout import Part
-from trainguard.checkpoint.staging import Staging
+from trainguard.checkpoint.staging import Staging, one_thread
 from trainguard.data.order import LoaderState
 from trainguard.findings import Finding
 from trainguard.train.checkpoint_files import (
@@ -88,6 +88,34 @@ class RunLayout:
         self.loaded_schedule: list[dict[str, Any]] | None = None  # the restored step's, if any
 
     def snapshot(self, parts: list[Part], rng: list[dict[str, Any]], copy: bool) -> Any:
+        files = self._files(parts, rng, copy)
+        if copy:  # an asynchronous save: the loop changes the originals right after this
+            with one_thread():  # checkpoint/staging.py says why
+                self._copy_into(files, parts)
+        return files
+
+    def stage(
+        self, parts: list[Part], rng: list[dict[str, Any]]
+    ) -> tuple[CheckpointFiles, Callable[[], None]]:
+        """`snapshot(copy=True)`'s files, less the weights and the optimizer state: the
+        callable copies those, in the Checkpointer's writer thread, while the loop runs its
+        next forward and backward, which change neither (`Checkpointer(background_copy=True)`:
+        the loop waits for the copy before its update). A model with buffers is copied now: a
+        forward may change them (BatchNorm's running statistics)."""
+        if next(_by_key(parts)["model"].value.buffers(), None) is not None:
+            return self.snapshot(parts, rng, True), lambda: None
+        files = self._files(parts, rng, True)
+        return files, lambda: self._copy_into(files, parts)
+
+    def _copy_into(self, files: CheckpointFiles, parts: list[Part]) -> None:
+        p = _by_key(parts)
+        files.model = self.staging.model(p["model"].value)
+        files.optimizer = self.staging.tree(p["optimizer"].value.state_dict())
+
+    def _files(self, parts: list[Part], rng: list[dict[str, Any]], copy: bool) -> CheckpointFiles:
+        """The files of a checkpoint of `parts` now; with `copy`, the small state (counters,
+        the sampler, the guard, the callbacks) is a copy, and `model` and `optimizer` are the
+        live objects until `_copy_into` replaces them."""
         p = _by_key(parts)
         progress, sampler = p["progress"].value, p["sampler"].value
         trainer = progress.state_dict() | {
@@ -97,14 +125,11 @@ class RunLayout:
             "callbacks": p["callbacks"].value.state_dict(),
             "schedule": self.schedule.to_list() if self.schedule is not None else [],
         }
-        model, optimizer = p["model"].value, p["optimizer"].value.state_dict()
-        if copy:  # an asynchronous save: the loop changes the originals right after this
-            model, optimizer = self.staging.model(model), self.staging.tree(optimizer)
-            # rng was captured for this save alone (capture_rng): nothing else changes it
+        if copy:  # rng was captured for this save alone (capture_rng): nothing else changes it
             trainer = deepcopy(trainer)
         return CheckpointFiles(
-            model=model,
-            optimizer=optimizer,
+            model=p["model"].value,
+            optimizer=p["optimizer"].value.state_dict(),
             rng=rng,
             trainer=trainer,
             loader=dict(trainer["loader"]),

@@ -51,13 +51,16 @@ def open_checkpointer(recipe: Recipe, run_dir: Path, layout: Layout) -> Checkpoi
     """The run's checkpointer (collective under torch.distributed): a path or any fsspec URL
     (`checkpoint.dir`) with its storage options; a remote one is fetched once per machine into
     the node cache (`$TRAINGUARD_CACHE/node`). With `checkpoint.async_save` (the default) a
-    save copies the state and writes it in the background (`spine.save_checkpoint`)."""
+    save writes in the background (`spine.save_checkpoint`), and copies the weights and the
+    optimizer state there too, while the next step's forward and backward run (the step waits
+    for the copy before its update: `spine.train_step`)."""
     return Checkpointer(
         checkpoint_root(recipe, run_dir),
         keep=recipe.checkpoint.keep,
         storage_options=getattr(recipe.checkpoint, "storage_options", None) or None,
         layout=layout,
         async_save=recipe.checkpoint.async_save,
+        background_copy=recipe.checkpoint.async_save,
     )
 
 

@@ -1,8 +1,11 @@
 """Checkpoints of `trainguard run`'s loop through its `Checkpointer` (train/layout.py): when due,
 every rank takes part and rank 0 writes. With `checkpoint.async_save` (the default) the loop
-stops only to copy the state in memory; a background thread writes, verifies and prunes, and
-the next save, a rollback and the end of the loop wait for it (`finish_checkpoint`): its
-findings are recorded and the callbacks hear of it (`post_checkpoint`) once it is committed.
+stops only to copy its small state (counters, the sampler, generator states) and to queue the
+copy of the weights and the optimizer state; a background thread makes that copy while the
+next step's forward and backward run (the step waits for it before its update), then writes,
+verifies and prunes. The next save, a rollback and the end of the loop wait for the write
+(`finish_checkpoint`): its findings are recorded and the callbacks hear of it
+(`post_checkpoint`) once it is committed.
 """
 
 from __future__ import annotations

@@ -92,6 +92,9 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
         # Host sync (host path only): the loss and grad norm. The device path reads nothing.
         out = trainer.forward_backward(step, position, on_host=on_device is None)
     compute_s = time.perf_counter() - t0  # forward/backward, the data phase included
+    # The previous step's checkpoint copied the weights and the optimizer state beside this
+    # forward/backward (`background_copy`): nothing below may change them before it is done.
+    loop.checkpointer.wait_copied()
 
     # -- the guard judges the update before any weight changes; apply or discard it -------------
     if on_device is None:
