@@ -51,10 +51,26 @@ UNPLANTABLE = {
 assert len(UNPLANTABLE) == 1
 
 
-def named(round_: dict) -> list[tuple[str, int | None]]:
+# A slow rank (H403) is a timing. In the default run another xdist worker shares the 2 cores,
+# and a rank's CPU time per unit of work grows when the other logical core is busy: full-suite
+# runs have seen H403 on rank 1 in the bitflip and the bad-allreduce rounds, never alone. So the
+# rounds other than slow/r1 are judged on what they plant; `test_ten_clean_rounds_raise_nothing`
+# (slow set, run on a quiet machine) holds clean rounds to no timing finding either.
+SLOW_RANK = "H403"
+
+
+def named(round_: dict, timings: bool = False) -> list[tuple[str, int | None]]:
+    """(code, rank) of a round's findings; H403 only with `timings`."""
     return sorted(
-        (f["code"], f["rank"]) for f in round_["findings"] if f["code"] not in UNPLANTABLE
+        (f["code"], f["rank"])
+        for f in round_["findings"]
+        if f["code"] not in UNPLANTABLE and (timings or f["code"] != SLOW_RANK)
     )
+
+
+def shown(round_: dict) -> str:
+    """The round's findings for a failure message: code, rank and message."""
+    return "; ".join(f"{f['code']} r{f['rank']}: {f['message']}" for f in round_["findings"])
 
 
 def test_each_injected_fault_names_rank_1_and_a_clean_round_is_silent(tmp_path: Path) -> None:
@@ -74,14 +90,11 @@ def test_each_injected_fault_names_rank_1_and_a_clean_round_is_silent(tmp_path: 
     rounds = {r["inject"]: r for r in report["rounds"]}
     assert list(rounds) == faults  # one process group, the hang last
     assert report["world_size"] == 2
-    assert named(rounds["none"]) == [], rounds["none"]["findings"]
-    # The wrong result is named on rank 1. In one full-suite run (the other xdist worker busy)
-    # rank 1 was also timed slow in that round (H403, on rank 1 too): allowed, never rank 0.
-    bitflip = named(rounds["bitflip/r1"])
-    assert ("H401", 1) in bitflip and set(bitflip) <= {("H401", 1), ("H403", 1)}, bitflip
-    assert named(rounds["slow/r1"]) == [("H403", 1)]
-    assert named(rounds["bad-allreduce/r1"]) == [("H410", 1)]
-    assert named(rounds["hang/r1"]) == [("H412", 1)]
+    assert named(rounds["none"]) == [], shown(rounds["none"])
+    assert named(rounds["bitflip/r1"]) == [("H401", 1)], shown(rounds["bitflip/r1"])
+    assert named(rounds["slow/r1"], timings=True) == [("H403", 1)], shown(rounds["slow/r1"])
+    assert named(rounds["bad-allreduce/r1"]) == [("H410", 1)], shown(rounds["bad-allreduce/r1"])
+    assert named(rounds["hang/r1"]) == [("H412", 1)], shown(rounds["hang/r1"])
     # Named with host and device; the doctor ended with a verdict instead of hanging.
     (hung,) = [f for f in rounds["hang/r1"]["findings"] if f["code"] == "H412"]
     assert hung["where"] and hung["data"]["device"] == "cpu"
@@ -105,7 +118,7 @@ def test_ten_clean_rounds_raise_nothing(tmp_path: Path) -> None:
     )
     assert report is not None, stderr[-2000:]
     assert len(report["rounds"]) == 10
-    assert [named(r) for r in report["rounds"]] == [[]] * 10
+    assert [named(r, timings=True) for r in report["rounds"]] == [[]] * 10
     assert status == 0 and report["ok"]
 
 
@@ -138,7 +151,7 @@ def test_under_an_external_torchrun_rank_0_reports(tmp_path: Path) -> None:
     )
     report = json.loads(proc.stdout)  # one JSON object: rank 0's
     assert report["world_size"] == 2
-    assert named(report["rounds"][0]) == [("H403", 1)]
+    assert named(report["rounds"][0], timings=True) == [("H403", 1)]
     assert proc.returncode == 1  # rank 0's verdict is the job's exit status
 
 
