@@ -178,10 +178,11 @@ class CheckpointConfig(_Section):
     """fsspec options for a URL `dir`, e.g. `{key, secret, client_kwargs: {endpoint_url}}`
     for S3-compatible stores; empty uses the backend's defaults (environment credentials)."""
     async_save: bool = True
-    """Write checkpoints in the background: the loop stops only to copy the state in memory,
-    then trains on while a thread writes, verifies and prunes; the next save and the end of
-    the run wait for it. A crash mid-write leaves the previous checkpoint as it was. `false`
-    writes in the loop (the same files)."""
+    """Write checkpoints in the background: the loop stops only to copy its small state and
+    trains on while a thread copies the weights and the optimizer state (the next step waits
+    for that copy before its update), then writes, verifies and prunes; the next save and the
+    end of the run wait for the write. A crash mid-write leaves the previous checkpoint as it
+    was. `false` writes in the loop (the same files)."""
 
 
 class PreflightConfig(_Section):

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 def save_checkpoint(loop: Loop, step: int) -> None:
     """Every rank takes part; rank 0 writes (temp name, manifest last, rename). In the
     background by default (`checkpoint.async_save`): the loop waits only for the previous
-    write to finish and for the state to be copied in memory; a crash mid-write leaves the
-    previous checkpoint as it was."""
+    write to finish and for its small state to be copied (the weights and the optimizer state
+    are copied in the writer thread: `spine.train_step` waits for that before its update); a
+    crash mid-write leaves the previous checkpoint as it was."""
     ctx = loop.ctx
     loop.faults.at("checkpoint", step)  # fire drills: kill@N:checkpoint
     ctx.set_phase("checkpoint")
