@@ -248,3 +248,19 @@ def test_a_model_with_buffers_is_copied_inside_the_save(torch_globals: None) -> 
 def test_background_copy_needs_an_async_save(tmp_path: Path) -> None:
     with pytest.raises(BadInputError, match="async_save=True"):
         Checkpointer(tmp_path, background_copy=True)
+
+
+def test_a_layout_without_stage_copies_inside_the_save(tmp_path: Path) -> None:
+    """`background_copy` moves the copy only for layouts that can (`stage`); the default
+    layout's save still returns with the state copied, as without it."""
+    w = torch.zeros(100)
+    checkpointer = Checkpointer(tmp_path, async_save=True, background_copy=True)
+    try:
+        handle = checkpointer.save(1, {"w": w})
+        w.add_(1.0)  # at once, without wait_copied
+        handle.wait()
+        loaded = {"w": torch.full((100,), 7.0)}
+        assert checkpointer.load_latest(loaded) == 1
+    finally:
+        checkpointer.close()
+    assert torch.equal(loaded["w"], torch.zeros(100))
