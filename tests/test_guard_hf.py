@@ -74,6 +74,8 @@ class Poisoned(GuardedTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids = inputs.pop("sample_id").tolist()
+        if return_outputs:  # an evaluation: neither recorded nor poisoned
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self.seen.append((self.state.global_step, ids, loss.item()))
         if self.nan_ids & set(ids):
@@ -99,7 +101,9 @@ class Snapshots(transformers.TrainerCallback):
             }
 
 
-def make_trainer(out: Path, *, guard: Guard | None = None, **overrides: Any) -> Poisoned:
+def make_trainer(
+    out: Path, *, guard: Guard | None = None, eval_dataset: Any = None, **overrides: Any
+) -> Poisoned:
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         n_layer=1, n_embd=32, n_head=2, vocab_size=128, n_positions=16, bos_token_id=0,
@@ -113,7 +117,11 @@ def make_trainer(out: Path, *, guard: Guard | None = None, **overrides: Any) -> 
     args = transformers.TrainingArguments(**{**settings, **overrides})
     guard = guard if guard is not None else Guard(run_dir=out, config=WARMUP)
     trainer = Poisoned(
-        model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(), guard=guard
+        model=transformers.GPT2LMHeadModel(config),
+        args=args,
+        train_dataset=Tokens(),
+        eval_dataset=eval_dataset,
+        guard=guard,
     )
     trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     sampler = trainer._get_train_sampler()
@@ -324,6 +332,68 @@ def test_save_total_limit_quarantines_a_folder_that_fails_verification(tmp_path:
     found = [(r["code"], r["step"]) for r in rows if r.get("code", "").startswith("C")]
     assert found == [("C101", 2), ("C112", 2)]
     assert [(f.code, f.step) for f in trainer.checkpoint_findings] == found
+
+
+class CorruptOnSave(transformers.TrainerCallback):
+    """Flips one byte of `checkpoint-N/model.safetensors` right after the folder of step `at`
+    is committed (this callback's `on_save` runs after trainguard's)."""
+
+    def __init__(self, out: Path, at: int) -> None:
+        self.out, self.at = out, at
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.at:
+            _flip_byte(self.out / f"checkpoint-{self.at}" / "model.safetensors")
+
+
+class FinalWeights(transformers.TrainerCallback):
+    """The parameters after the last update, before the Trainer loads the best folder."""
+
+    params: list | None = None
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == args.max_steps:
+            self.params = [p.detach().clone() for p in model.parameters()]
+
+
+def best_at_end(out: Path, max_steps: int, *callbacks: transformers.TrainerCallback) -> Poisoned:
+    """save_total_limit=1 with load_best_model_at_end, and the first folder the best: the
+    "best" eval loss is the highest (greater_is_better), the untrained model's."""
+    trainer = make_trainer(
+        out, max_steps=max_steps, save_steps=2, save_total_limit=1, eval_strategy="steps",
+        eval_steps=2, load_best_model_at_end=True, metric_for_best_model="loss",
+        greater_is_better=True, eval_dataset=Tokens(),
+    )  # fmt: skip
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    with one_thread():
+        trainer.train()
+    trainer.guard.close()
+    return trainer
+
+
+def test_the_end_of_training_quarantines_a_corrupt_folder_the_trainer_deletes(
+    tmp_path: Path,
+) -> None:
+    """With save_total_limit=1 the Trainer deletes every folder but the best at the end,
+    unverified: the corrupt last folder is moved to quarantine/ instead (C101, C112)."""
+    trainer = best_at_end(tmp_path, 6, CorruptOnSave(tmp_path, at=6))
+    assert trainer.state.best_model_checkpoint == str(tmp_path / "checkpoint-2")
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert sorted(p.name for p in (tmp_path / "quarantine").iterdir()) == ["checkpoint-6"]
+    assert [(f.code, f.step) for f in trainer.checkpoint_findings] == [("C101", 6), ("C112", 6)]
+
+
+def test_a_best_folder_that_fails_verification_is_not_loaded(tmp_path: Path) -> None:
+    """load_best_model_at_end loads the best folder unverified: a corrupt one is quarantined
+    and the model keeps its final weights; nothing else is deleted."""
+    final = FinalWeights()
+    trainer = best_at_end(tmp_path, 4, CorruptAt(tmp_path, "checkpoint-2", at=3), final)
+    assert trainer.state.best_model_checkpoint is None
+    assert final.params is not None and same(final.params, list(trainer.model.parameters()))
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-4"]
+    assert sorted(p.name for p in (tmp_path / "quarantine").iterdir()) == ["checkpoint-2"]
+    assert [(f.code, f.step) for f in trainer.checkpoint_findings] == [("C101", 2), ("C112", 2)]
 
 
 # -- gradient accumulation -----------------------------------------------------------------------

@@ -15,8 +15,10 @@ norm with `Guard.step` before the Trainer clips and steps. The callback, which t
 installs itself, does what happens after the update: the distributed guards, no save after a
 rollback or halt decision, each `checkpoint-N` saved with the guard's state and a manifest, and
 the `save_total_limit` rotation after that commit, with every folder it lets go verified first
-(one that fails is moved to `quarantine/`, never deleted; the Trainer's own rotation, which
-deletes unverified, is suspended).
+(one that fails is moved to `quarantine/`, never deleted; the Trainer's own deletions, at each
+save and at the end of training, are suspended for the whole `train()`). With
+`load_best_model_at_end` the best folder is verified before the Trainer loads it: one that fails
+is reported, quarantined and not loaded (the model keeps its final weights).
 
 Per optimizer step (counted from 0 like every trainguard step: the Trainer's `global_step`
 before the update):
@@ -73,7 +75,9 @@ from trainguard.integrations.hf_checkpoints import (
     commit_checkpoint,
     load_state_file,
     parse_checkpoint_dirname,
+    quarantine_best,
     rotate_verified,
+    verified_best,
 )
 from trainguard.integrations.verified import verify_folder
 
@@ -108,6 +112,7 @@ class GuardedTrainerMixin:
         self.stop_decision: Decision | None = None  # the rollback or halt that stopped train()
         self._step_loss: Any = None
         self._masked: tuple[PendingStep, MaskedUpdate] | None = None  # the device path's
+        self.save_limit: int | None = None  # args.save_total_limit while train() runs
         self.add_callback(TrainguardCallback(self))  # type: ignore[attr-defined]
 
     # --- data ---------------------------------------------------------------------------------
@@ -212,16 +217,19 @@ class GuardedTrainerMixin:
             self.stop_decision = decision
             self.control.should_training_stop = True
 
-    # --- saves --------------------------------------------------------------------------------
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        # The Trainer's own rotation (save_total_limit) runs here, before the callback writes
-        # this folder's manifest, and deletes old folders unverified: suspended, and done by
-        # the callback after the commit (`rotate_verified`: what fails verification is kept).
-        limit, self.args.save_total_limit = self.args.save_total_limit, None
-        try:
-            super()._save_checkpoint(model, trial)  # type: ignore[misc]
-        finally:
-            self.args.save_total_limit = limit
+    # --- the end of training: the best folder verified before it is loaded ---------------------
+    def _load_best_model(self) -> None:
+        best = self.state.best_model_checkpoint
+        problems = verified_best(best)
+        if not problems:
+            super()._load_best_model()  # type: ignore[misc]
+            return
+        self.accelerator.wait_for_everyone()  # every rank has read the folder before it moves
+        if self.args.should_save:
+            self._report(quarantine_best(best, problems))
+        self.accelerator.wait_for_everyone()
+        self.state.best_model_checkpoint = None  # nothing to load, nor to keep at the end
+        log.warning("trainguard: the best checkpoint %s fails verification: not loaded", best)
 
     # --- train, resume, roll back -------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
@@ -233,18 +241,35 @@ class GuardedTrainerMixin:
         sampler = self._sampler()
         state = {"guard": self.guard, "sampler": sampler}
         resume = self._resume_folder(resume_from_checkpoint, state)
-        while True:
-            self.stop_decision, self._step_loss, self._masked = None, None, None
-            output = super().train(resume_from_checkpoint=resume, **kwargs)  # type: ignore[misc]
-            stop = self.stop_decision
-            if stop is None:
-                return output
-            stop.raise_if_halt()
-            checkpoints = TrainerCheckpoints(self, at_most=stop.step)
-            self.guard.rollback(checkpoints, state, sampler)  # RunHalted if none verifies
-            self.checkpoint_findings += checkpoints.last_findings
-            resume = str(checkpoints.folder)
-            log.warning("trainguard: rolled back from step %s to %s", stop.step, resume)
+        # The Trainer deletes checkpoint-N folders unverified: its rotation at each save (before
+        # the callback has committed the new folder) and, with save_total_limit=1 and a best
+        # folder, every other folder at the end. Both are suspended; the callback and `_end`
+        # apply the same rules with each folder verified first (`rotate_verified`).
+        self.save_limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            while True:
+                self.stop_decision, self._step_loss, self._masked = None, None, None
+                output = super().train(resume_from_checkpoint=resume, **kwargs)  # type: ignore[misc]
+                stop = self.stop_decision
+                if stop is None:
+                    self._end()
+                    return output
+                stop.raise_if_halt()
+                checkpoints = TrainerCheckpoints(self, at_most=stop.step)
+                self.guard.rollback(checkpoints, state, sampler)  # RunHalted if none verifies
+                self.checkpoint_findings += checkpoints.last_findings
+                resume = str(checkpoints.folder)
+                log.warning("trainguard: rolled back from step %s to %s", stop.step, resume)
+        finally:
+            self.args.save_total_limit = self.save_limit
+
+    def _end(self) -> None:
+        """The Trainer's last deletion (`save_total_limit=1` with a best folder: every other
+        folder goes), each folder verified first."""
+        best = self.state.best_model_checkpoint
+        if self.save_limit == 1 and best is not None and self.args.should_save:
+            self._report(rotate_verified(self.args.output_dir, 1, best, keep_newest=False))
+        self.accelerator.wait_for_everyone()
 
     def _resume_folder(self, resume: str | bool | None, state: dict[str, Any]) -> str | None:
         if resume is None or resume is False:
@@ -355,9 +380,7 @@ class TrainguardCallback(TrainerCallback):
         if args.should_save:
             folder = Path(args.output_dir) / f"{PREFIX}{state.global_step}"
             commit_checkpoint(folder, state.global_step, t.guard, t._sampler())
-            rotated = rotate_verified(
-                args.output_dir, args.save_total_limit, state.best_model_checkpoint
-            )
+            rotated = rotate_verified(args.output_dir, t.save_limit, state.best_model_checkpoint)
             t._report(rotated)  # folders kept in quarantine/ instead of deleted
         t.accelerator.wait_for_everyone()  # nobody reads the folder before it is committed
         t._mark_between_steps(control)  # the save is over: the next step's data phase

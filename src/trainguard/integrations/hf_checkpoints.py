@@ -5,7 +5,8 @@ After the Trainer has saved `checkpoint-N` (weights, optimizer, scheduler, RNG, 
 sampler's recorded skips) and then, last, the manifest (`integrations/verified.py`).
 `TrainerCheckpoints` is `Guard.rollback`'s checkpointer over those folders; the Trainer restores
 the rest when it resumes from the folder it found. `rotate_verified` is the Trainer's
-`save_total_limit` rotation with every folder it lets go verified first.
+`save_total_limit` rotation (at each save, and at the end of training) with every folder it
+lets go verified first; `verified_best` checks the best folder before the Trainer loads it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Any
 from trainguard.errors import CorruptError
 from trainguard.findings import Finding
 from trainguard.integrations.verified import (
+    Verified,
     commit_folder,
     newest_verified,
     quarantine_if_invalid,
     quarantine_rejected,
+    verify_folder,
 )
 
 STATE_FILE = "trainguard_state.json"
@@ -43,18 +46,23 @@ def commit_checkpoint(folder: Path, step: int, guard: Any, sampler: Any) -> None
     commit_folder(folder, step, {"writer": "trainguard.integrations.hf"})
 
 
-def rotate_verified(output_dir: str | Path, limit: int | None, best: str | None) -> list[Finding]:
+def rotate_verified(
+    output_dir: str | Path, limit: int | None, best: str | None, keep_newest: bool = True
+) -> list[Finding]:
     """The Trainer's `save_total_limit` rotation, after the newest folder is committed:
     transformers' own rule (`trainer_utils.rotate_checkpoints`: the newest and the best folder
     kept, the oldest let go first, ordered by mtime or step), but each folder let go is
     verified first: deleted if it verifies, moved to quarantine/ if not (its findings and C112
-    returned). Call it from the process that saves."""
+    returned). `keep_newest=False` is the Trainer's rule at the end of training with
+    `save_total_limit=1` and a best folder: only the best is kept. Call it from the process
+    that saves."""
     from transformers.trainer_utils import sort_checkpoints
 
     if limit is None or limit <= 0:
         return []
     folders = sort_checkpoints(str(output_dir), PREFIX[:-1], use_mtime=True)
-    protected = set(folders[-1:]) | ({str(Path(best))} if best is not None else set())
+    newest = set(folders[-1:]) if keep_newest else set()
+    protected = newest | ({str(Path(best))} if best is not None else set())
     remaining, keep = len(folders), max(limit, len(protected))
     found: list[Finding] = []
     for folder in folders:
@@ -106,3 +114,19 @@ def load_state_file(folder: Path, state: dict[str, Any]) -> None:
             f"{folder / STATE_FILE} does not hold the guard and sampler state: {e}",
             f"resume from a checkpoint a GuardedTrainer saved (it writes {STATE_FILE})",
         ) from None
+
+
+def verified_best(best: str | None) -> list[Finding]:
+    """`load_best_model_at_end`: the findings of the best `checkpoint-N` folder, [] when it
+    verifies (or is no `checkpoint-N` folder: the Trainer's own business). Call it on every
+    rank (each reads the folder); then, after a barrier, the process that saves moves a folder
+    that fails to quarantine/ (`quarantine_best`)."""
+    step = parse_checkpoint_dirname(Path(best).name) if best is not None else None
+    if best is None or step is None:
+        return []
+    return verify_folder(best, step)
+
+
+def quarantine_best(best: str, problems: list[Finding]) -> list[Finding]:
+    """Move the best folder that failed `verified_best` to quarantine/ (C112 added)."""
+    return problems + quarantine_rejected(Verified(rejected={Path(best): problems}))
