@@ -163,7 +163,7 @@ def render(rows: list[tuple], mb: float, s3_mb: float, repeats: int, cmd: str) -
         f"Command: `{cmd}`  ",
         f"Payload: {mb:.0f} MiB local, {s3_mb:.0f} MiB S3, in 3 files (incompressible); median of "
         f"{repeats} runs; machine: "
-        f"{describe()} (shared with other jobs, noisy). Ratio = candidate time / "
+        f"{describe()} (the load average says how shared). Ratio = candidate time / "
         "baseline time (lower is better for the candidate).",
         "",
         "| candidate | median s | MiB/s | baseline | median s | MiB/s | ratio |",
