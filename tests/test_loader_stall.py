@@ -15,6 +15,7 @@ import yaml
 
 import trainguard
 from runhelpers import invoke_cli, tiny_recipe_dict
+from trainguard.cli.watch import watch_log
 from trainguard.monitors.config import MonitorsConfig
 from trainguard.monitors.loader import LoaderStallDetector
 
@@ -93,9 +94,14 @@ def test_run_with_a_slow_loader_names_the_loader(
     assert found[0]["data"]["share"] >= 0.4 and found[0]["metric"] == "data_time_s"
     assert all("data_time_s" in r for r in rows if r["kind"] == "step")
     assert 'alt="data phase"' in (run_dir / "report.html").read_text()
+    # `trainguard watch` over the run's log names the same stall from the step rows, once, in
+    # the same window (the rows' step time is the whole step's, the guard's the step's compute).
+    replayed = [f for f in watch_log(run_dir / "metrics.jsonl")[0] if f.code == "R605"]
+    assert len(replayed) == 1 and abs(replayed[0].step - found[0]["step"]) <= 2, replayed
 
 
 def test_clean_run_has_no_loader_finding(tiny_run_copy: Path) -> None:
     rows = [json.loads(line) for line in (tiny_run_copy / "metrics.jsonl").read_text().splitlines()]
     assert len([r for r in rows if r["kind"] == "step"]) >= 10  # the detector's window
     assert not [r for r in rows if r.get("code") == "R605"]
+    assert not [f for f in watch_log(tiny_run_copy / "metrics.jsonl")[0] if f.code == "R605"]

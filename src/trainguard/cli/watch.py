@@ -1,4 +1,9 @@
-"""`trainguard watch METRICS`: the in-run detectors over any trainer's metric log."""
+"""`trainguard watch METRICS`: the in-run detectors over any trainer's metric log.
+
+Each chosen metric's detectors (`MonitorSet`), and the data-loader stall (R605) from the rows'
+`data_time_s` and `step_time_s` where they have them (`trainguard run`'s step rows do; so may
+any loop that logs the two). The MoE router codes (R601-R604) need each step's per-expert
+counts, which a metric log does not hold: they are judged in the run only."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from trainguard.findings import Finding, has_errors
 from trainguard.metrics.formats import ACCEPTED, follow_rows, read_rows
 from trainguard.metrics.logfile import LogState, normalise
 from trainguard.monitors.config import MonitorsConfig
+from trainguard.monitors.loader import LoaderStallDetector
 from trainguard.monitors.metric_names import choose_metrics
 from trainguard.monitors.monitor_set import MonitorSet
 
@@ -36,6 +42,30 @@ def _config(assignments: list[str] | None) -> MonitorsConfig:
             f"invalid --set: {problems}",
             f"settings: {', '.join(sorted(MonitorsConfig.model_fields))}",
         ) from None
+
+
+class Replay:
+    """The detectors `watch` runs over a log's step rows (see the module docstring)."""
+
+    def __init__(
+        self, config: MonitorsConfig, metrics: dict[str, Any], data_period: float | None
+    ) -> None:
+        self.per_metric = MonitorSet(config, metrics, data_period)
+        self.loader = LoaderStallDetector(config)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.per_metric.metrics
+
+    def update(self, step: int, values: dict[str, float | None]) -> list[Finding]:
+        data_s, step_s = values.get("data_time_s"), values.get("step_time_s")
+        return self.per_metric.update(step, values) + self.loader.update(step, data_s, step_s)
+
+    def finalize(self) -> list[Finding]:
+        return self.per_metric.finalize()
+
+    def set_data_period(self, period: float | None) -> None:
+        self.per_metric.set_data_period(period)
 
 
 def watch_log(
@@ -58,7 +88,7 @@ def watch_log(
         )
     chosen = choose_metrics(state.keys, metrics)
     period = data_period or state.data_period
-    ms = MonitorSet(config, chosen, period)
+    ms = Replay(config or MonitorsConfig(), chosen, period)
     findings: list[Finding] = []
     for step, values in rows:
         findings += ms.update(step, values)
@@ -82,7 +112,7 @@ def _follow(
 ) -> None:
     """Stream findings as they happen; end with the summary after `idle_timeout` or Ctrl-C."""
     state = LogState()
-    ms: MonitorSet | None = None
+    ms: Replay | None = None
     findings: list[Finding] = []
     pending: list[tuple[int, dict]] = []
 
@@ -102,7 +132,7 @@ def _follow(
                 continue
             if ms is None:
                 pending.append(r)
-                ms = MonitorSet(config, choose_metrics(state.keys, metrics), None)
+                ms = Replay(config, choose_metrics(state.keys, metrics), None)
                 rows, pending = pending, []
             else:
                 rows = [r]
@@ -164,7 +194,8 @@ def register(app: typer.Typer) -> None:
             None, "--set", help="Detector setting, e.g. --set loss_spike_z=8 (see docs)."
         ),
     ) -> None:
-        """Run the in-run detectors (NaN, spikes, divergence, waves, throughput) over a log."""
+        """Run the in-run detectors (NaN, spikes, divergence, waves, throughput, loader
+        stalls) over a log."""
         config = _config(set_)
         if data_period is not None and data_period <= 0:
             raise ConfigError(
