@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,42 @@ def test_the_loop_trains_on_while_a_checkpoint_is_written(
                 for kind in ("async", "sync")
             )
             assert a == b, f"step {step}: {name}"
+
+
+def test_a_transient_bitflip_waits_for_the_previous_checkpoints_copy(
+    recipe_for, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bitflip@5` flips a weight during step 5's forward and backward, beside which the writer
+    thread copies step 4's weights. The copy is held until step 5's backward (a second at most,
+    as a writer thread scheduled late would be): the flip must wait for it
+    (`FaultPlan.settle_copy`), or step 4's checkpoint holds the flipped bit and still verifies."""
+    import trainguard.train.layout as layout
+    from trainguard.faults import FaultPlan
+
+    in_backward = threading.Event()
+    real_copy, real_at = layout.RunLayout._copy_into, FaultPlan.at
+
+    def late_copy(self: Any, files: Any, parts: Any) -> None:
+        if files.trainer["step"] == 4:
+            in_backward.wait(timeout=1.0)
+        real_copy(self, files, parts)
+
+    def at(self: FaultPlan, phase: str, step: int) -> None:
+        if phase == "backward" and step == 5:
+            in_backward.set()
+            time.sleep(0.2)  # the flipped weight stays in place while the copy could read it
+        real_at(self, phase, step)
+
+    monkeypatch.setattr(layout.RunLayout, "_copy_into", late_copy)
+    monkeypatch.setattr(FaultPlan, "at", at)
+    run_in_process(recipe_for(max_steps=6), tmp_path / "async", faults="bitflip@5")
+    monkeypatch.undo()
+    run_in_process(recipe_for(async_save=False, max_steps=6), tmp_path / "sync", faults="bitflip@5")
+    a, b = (
+        (tmp_path / kind / "checkpoints" / "step-4" / "model.safetensors").read_bytes()
+        for kind in ("async", "sync")
+    )
+    assert a == b, "step 4's checkpoint holds step 5's transiently flipped weight"
 
 
 # -- callback state ------------------------------------------------------------------------------

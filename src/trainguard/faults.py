@@ -76,6 +76,11 @@ class FaultPlan:
     in a training phase waits for it first, so that a drill's outcome (which checkpoint the
     relaunch resumes from) does not depend on how fast the disk is; `kill@N:checkpoint_write`
     is the fault that strikes a write."""
+    settle_copy: Callable[[], object] | None = None
+    """Set by the run's loop: waits for the background copy of the previous checkpoint's
+    weights (`Checkpointer.wait_copied`). `bitflip@N` changes a weight during step N's forward
+    and backward, which the copy otherwise runs beside: the flip waits for it first, or the
+    previous checkpoint would hold the flipped bit."""
 
     @classmethod
     def parse(cls, text: str | None, rank: int | None = None) -> FaultPlan:
@@ -217,6 +222,8 @@ class FaultPlan:
             yield
             return
         self.fired.add(key)
+        if self.settle_copy is not None:
+            self.settle_copy()
         flip = 1 << self.bitflip_steps[step]
         bits = _read_by_every_token(model).data.view(torch.int32).view(-1)
         with torch.no_grad():

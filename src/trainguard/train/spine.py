@@ -60,6 +60,7 @@ def train(loop: Loop) -> None:
     on_device = DeviceSteps(loop) if loop.guard.on_device(ctx.device) else None
     # A fire drill's kill waits for the background write first (deterministic drills).
     loop.faults.settle_writes = lambda: loop.writing[1].wait() if loop.writing else None
+    loop.faults.settle_copy = loop.checkpointer.wait_copied  # bitflip@N changes a weight
     try:
         callbacks.pre_train(ctx)
         while ctx.step < ctx.recipe.train.max_steps:
