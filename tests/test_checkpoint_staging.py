@@ -142,6 +142,23 @@ def test_views_and_shared_storage_are_deep_copied_as_before() -> None:
     )
 
 
+def test_a_model_with_views_has_its_state_dict_deep_copied_not_the_module() -> None:
+    """Weights that are views of one storage fall back to a deep copy: of the state dict,
+    since the module's other attributes may be changing beside the writer thread (an MoE
+    layer's last auxiliary loss is a tensor of the graph, which deepcopy refuses)."""
+    base = torch.arange(6.0)
+    live = torch.nn.Module()
+    live.whole = torch.nn.Parameter(base)
+    live.part = torch.nn.Parameter(base[2:4])  # a view into the same storage
+    live.last_aux_loss = live.whole.sum() * 2  # a non-leaf tensor, as a forward leaves it
+    staged = Staging().model(live).state_dict()
+    with torch.no_grad():
+        base.add_(10)
+    assert staged["part"].tolist() == [2.0, 3.0]  # a copy, not the live storage
+    same_storage = staged["part"].untyped_storage().data_ptr()
+    assert same_storage == staged["whole"].untyped_storage().data_ptr()  # still one storage
+
+
 def test_copies_in_the_loops_thread_run_on_one_thread_and_the_count_is_restored(
     torch_globals: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

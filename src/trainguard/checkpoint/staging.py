@@ -22,15 +22,16 @@ and 26-96 ms on one, same code, side by side. Copying memory is bound by memory 
 one core loses little even on an idle machine, and the save it replaces writes the same bytes
 to disk. In any other thread (the Checkpointer's writer, `RunLayout.stage`) `one_thread` must
 not be used: `torch.set_num_threads` also sets MKL's thread count, for the whole process, under
-the loop's matrix products; there the copy runs beside the loop's forward and backward and
-nobody waits for its barriers.
+the loop's matrix products; there the copy runs beside the loop's forward and backward, and the
+loop waits for it (`Checkpointer.wait_copied`) only if the forward and backward end first.
 
 Refilling is safe because the Checkpointer waits for the previous write before it takes a
 snapshot (one write at a time): nothing reads the buffers while they are refilled. Tensors that
 share a storage stay shared in the copy (tied weights are stored once); state whose tensors are
-views into a larger storage, or share one in another shape, is deep-copied as before, so the
-files are byte for byte those a save in the loop writes. Buffers whose shapes, dtypes or devices
-no longer match are allocated afresh."""
+views into a larger storage, or share one in another shape, is deep-copied (a module's state
+dict, never the module: its other attributes may be changing in a forward beside the writer
+thread), so the files are byte for byte those a save in the loop writes. Buffers whose
+shapes, dtypes or devices no longer match are allocated afresh."""
 
 from __future__ import annotations
 
@@ -67,12 +68,12 @@ class Staging:
         self.refills = 0
         """How many copies were refilled in place rather than allocated (tests read it)."""
 
-    def model(self, live: nn.Module) -> StagedModel | nn.Module:
+    def model(self, live: nn.Module) -> StagedModel:
         """`live`'s weights now, where `live`'s later updates do not reach them."""
         state = live.state_dict()
         shared = _distinct(list(state.values()), by_object=False)
-        if shared is None:
-            return copy.deepcopy(live)
+        if shared is None:  # the tensors only: a module's other attributes may be changing
+            return StagedModel(copy.deepcopy(state))  # (a forward beside the writer thread)
         unique, index = shared
         buffers = self._fill("model", unique)
         return StagedModel(OrderedDict((k, buffers[i]) for k, i in zip(state, index, strict=True)))
