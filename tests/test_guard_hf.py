@@ -38,6 +38,7 @@ from trainguard.config.distributed import DistributedConfig  # noqa: E402
 from trainguard.errors import ConfigError, CorruptError, RunHalted  # noqa: E402
 from trainguard.guard import Guard  # noqa: E402
 from trainguard.integrations.hf import GuardedTrainer, TrainguardCallback  # noqa: E402
+from trainguard.integrations.hf_checkpoints import verified_best  # noqa: E402
 from trainguard.monitors.config import GuardsConfig  # noqa: E402
 
 # One worker builds this file's session runs under `-n N --dist loadgroup`.
@@ -394,6 +395,17 @@ def test_a_best_folder_that_fails_verification_is_not_loaded(tmp_path: Path) -> 
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-4"]
     assert sorted(p.name for p in (tmp_path / "quarantine").iterdir()) == ["checkpoint-2"]
     assert [(f.code, f.step) for f in trainer.checkpoint_findings] == [("C101", 2), ("C112", 2)]
+
+
+def test_a_best_folder_that_is_gone_is_left_to_the_trainer(tmp_path: Path) -> None:
+    """A best folder deleted from outside, or no checkpoint-N folder: nothing to verify or
+    move (the Trainer says it cannot find it); one that is there and fails is named."""
+    assert verified_best(str(tmp_path / "checkpoint-2")) == []
+    assert verified_best(None) == []
+    (tmp_path / "best").mkdir()
+    assert verified_best(str(tmp_path / "best")) == []
+    (tmp_path / "checkpoint-3").mkdir()  # no manifest: not a committed folder
+    assert [f.step for f in verified_best(str(tmp_path / "checkpoint-3"))] == [3]
 
 
 # -- gradient accumulation -----------------------------------------------------------------------

@@ -128,7 +128,8 @@ class Layout(Protocol):
     finding passes it over like a checksum mismatch: C111 when a file does not fit); a true
     `reads_unmarked` lets it read steps whose manifest predates the Checkpointer's entry;
     `stage(parts, rng) -> (snapshot, copy)` returns a snapshot whose tensors the callable
-    `copy` fills later, in the writer thread (`Checkpointer(background_copy=True)`)."""
+    `copy` fills later, in the writer thread (`Checkpointer(background_copy=True)`), or None
+    for `copy` when the snapshot is already whole."""
 
     name: str
 

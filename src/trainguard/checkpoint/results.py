@@ -56,7 +56,8 @@ class SaveHandle:
 
 class AsyncSave:
     """The handle `save` returns with `async_save=True`. `wait()` returns the checkpoint's
-    path or raises the error of the background write; `stall_s` is how long `save` blocked."""
+    path or raises the error of the background write; `stall_s` is how long `save` blocked
+    (with `background_copy`, the caller's later `wait_copied` is not in it)."""
 
     def __init__(self, future: Future[str], stall_s: float) -> None:
         self.future, self.stall_s = future, stall_s

@@ -15,10 +15,11 @@ norm with `Guard.step` before the Trainer clips and steps. The callback, which t
 installs itself, does what happens after the update: the distributed guards, no save after a
 rollback or halt decision, each `checkpoint-N` saved with the guard's state and a manifest, and
 the `save_total_limit` rotation after that commit, with every folder it lets go verified first
-(one that fails is moved to `quarantine/`, never deleted; the Trainer's own deletions, at each
-save and at the end of training, are suspended for the whole `train()`). With
-`load_best_model_at_end` the best folder is verified before the Trainer loads it: one that fails
-is reported, quarantined and not loaded (the model keeps its final weights).
+(one that fails is moved to `quarantine/`, never deleted; the Trainer's own deletions, which do
+not verify, are suspended: its rotation inside each save, and its last deletion at the end of
+training with `save_total_limit=1` and a best folder, done verified once training has ended).
+With `load_best_model_at_end` the best folder is verified before the Trainer loads it: one that
+fails is reported, quarantined and not loaded (the model keeps its final weights).
 
 Per optimizer step (counted from 0 like every trainguard step: the Trainer's `global_step`
 before the update):
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 try:
+    from accelerate.utils import broadcast_object_list  # the Trainer's own dependency
     from transformers import Trainer, TrainerCallback
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -75,11 +77,10 @@ from trainguard.integrations.hf_checkpoints import (
     commit_checkpoint,
     load_state_file,
     parse_checkpoint_dirname,
-    quarantine_best,
     rotate_verified,
     verified_best,
 )
-from trainguard.integrations.verified import verify_folder
+from trainguard.integrations.verified import quarantine_folder, verify_folder
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,6 @@ class GuardedTrainerMixin:
         self.stop_decision: Decision | None = None  # the rollback or halt that stopped train()
         self._step_loss: Any = None
         self._masked: tuple[PendingStep, MaskedUpdate] | None = None  # the device path's
-        self.save_limit: int | None = None  # args.save_total_limit while train() runs
         self.add_callback(TrainguardCallback(self))  # type: ignore[attr-defined]
 
     # --- data ---------------------------------------------------------------------------------
@@ -217,16 +217,52 @@ class GuardedTrainerMixin:
             self.stop_decision = decision
             self.control.should_training_stop = True
 
-    # --- the end of training: the best folder verified before it is loaded ---------------------
-    def _load_best_model(self) -> None:
+    # --- saves and the end of training: nothing deleted or loaded unverified -----------------
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        # The Trainer's own rotation (save_total_limit) runs here, before the callback writes
+        # this folder's manifest, and deletes old folders unverified: suspended, and done by
+        # the callback after the commit (`rotate_verified`: what fails verification is kept).
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        finally:
+            self.args.save_total_limit = limit
+
+    def _finalize_training(self, *args: Any, **kwargs: Any) -> Any:
+        # With save_total_limit=1 and a best folder the Trainer deletes every other folder
+        # here, unverified: suspended (only then: other callbacks keep reading the limit), and
+        # done verified once training has ended normally (`_end`), never at a rollback's stop,
+        # whose target it could delete. So the deletion now follows on_train_end.
+        limit = self.args.save_total_limit
+        if limit == 1:
+            self.args.save_total_limit = None
+        try:
+            output = super()._finalize_training(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.args.save_total_limit = limit
+        if self.stop_decision is None:
+            self._end()
+        return output
+
+    def _end(self) -> None:
+        """The Trainer's last deletion (`save_total_limit=1` with a best folder: every other
+        folder goes), each folder verified first."""
         best = self.state.best_model_checkpoint
-        problems = verified_best(best)
-        if not problems:
+        if self.args.save_total_limit == 1 and best is not None and self.args.should_save:
+            self._report(rotate_verified(self.args.output_dir, 1, best, keep_newest=False))
+        self.accelerator.wait_for_everyone()
+
+    def _load_best_model(self) -> None:
+        """`load_best_model_at_end`: the best folder verified first (by the saving process,
+        whose verdict every rank follows). One that fails is reported, moved to quarantine/ and
+        not loaded: the model keeps its final weights."""
+        best = self.state.best_model_checkpoint
+        problems = verified_best(best) if self.args.should_save else []
+        if not broadcast_object_list([bool(problems)])[0]:
             super()._load_best_model()  # type: ignore[misc]
             return
-        self.accelerator.wait_for_everyone()  # every rank has read the folder before it moves
-        if self.args.should_save:
-            self._report(quarantine_best(best, problems))
+        if problems:
+            self._report(quarantine_folder(str(best), problems))
         self.accelerator.wait_for_everyone()
         self.state.best_model_checkpoint = None  # nothing to load, nor to keep at the end
         log.warning("trainguard: the best checkpoint %s fails verification: not loaded", best)
@@ -241,35 +277,18 @@ class GuardedTrainerMixin:
         sampler = self._sampler()
         state = {"guard": self.guard, "sampler": sampler}
         resume = self._resume_folder(resume_from_checkpoint, state)
-        # The Trainer deletes checkpoint-N folders unverified: its rotation at each save (before
-        # the callback has committed the new folder) and, with save_total_limit=1 and a best
-        # folder, every other folder at the end. Both are suspended; the callback and `_end`
-        # apply the same rules with each folder verified first (`rotate_verified`).
-        self.save_limit, self.args.save_total_limit = self.args.save_total_limit, None
-        try:
-            while True:
-                self.stop_decision, self._step_loss, self._masked = None, None, None
-                output = super().train(resume_from_checkpoint=resume, **kwargs)  # type: ignore[misc]
-                stop = self.stop_decision
-                if stop is None:
-                    self._end()
-                    return output
-                stop.raise_if_halt()
-                checkpoints = TrainerCheckpoints(self, at_most=stop.step)
-                self.guard.rollback(checkpoints, state, sampler)  # RunHalted if none verifies
-                self.checkpoint_findings += checkpoints.last_findings
-                resume = str(checkpoints.folder)
-                log.warning("trainguard: rolled back from step %s to %s", stop.step, resume)
-        finally:
-            self.args.save_total_limit = self.save_limit
-
-    def _end(self) -> None:
-        """The Trainer's last deletion (`save_total_limit=1` with a best folder: every other
-        folder goes), each folder verified first."""
-        best = self.state.best_model_checkpoint
-        if self.save_limit == 1 and best is not None and self.args.should_save:
-            self._report(rotate_verified(self.args.output_dir, 1, best, keep_newest=False))
-        self.accelerator.wait_for_everyone()
+        while True:
+            self.stop_decision, self._step_loss, self._masked = None, None, None
+            output = super().train(resume_from_checkpoint=resume, **kwargs)  # type: ignore[misc]
+            stop = self.stop_decision
+            if stop is None:
+                return output
+            stop.raise_if_halt()
+            checkpoints = TrainerCheckpoints(self, at_most=stop.step)
+            self.guard.rollback(checkpoints, state, sampler)  # RunHalted if none verifies
+            self.checkpoint_findings += checkpoints.last_findings
+            resume = str(checkpoints.folder)
+            log.warning("trainguard: rolled back from step %s to %s", stop.step, resume)
 
     def _resume_folder(self, resume: str | bool | None, state: dict[str, Any]) -> str | None:
         if resume is None or resume is False:
@@ -380,7 +399,9 @@ class TrainguardCallback(TrainerCallback):
         if args.should_save:
             folder = Path(args.output_dir) / f"{PREFIX}{state.global_step}"
             commit_checkpoint(folder, state.global_step, t.guard, t._sampler())
-            rotated = rotate_verified(args.output_dir, t.save_limit, state.best_model_checkpoint)
+            rotated = rotate_verified(
+                args.output_dir, args.save_total_limit, state.best_model_checkpoint
+            )
             t._report(rotated)  # folders kept in quarantine/ instead of deleted
         t.accelerator.wait_for_everyone()  # nobody reads the folder before it is committed
         t._mark_between_steps(control)  # the save is over: the next step's data phase

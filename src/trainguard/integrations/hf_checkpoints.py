@@ -19,7 +19,6 @@ from typing import Any
 from trainguard.errors import CorruptError
 from trainguard.findings import Finding
 from trainguard.integrations.verified import (
-    Verified,
     commit_folder,
     newest_verified,
     quarantine_if_invalid,
@@ -117,16 +116,11 @@ def load_state_file(folder: Path, state: dict[str, Any]) -> None:
 
 
 def verified_best(best: str | None) -> list[Finding]:
-    """`load_best_model_at_end`: the findings of the best `checkpoint-N` folder, [] when it
-    verifies (or is no `checkpoint-N` folder: the Trainer's own business). Call it on every
-    rank (each reads the folder); then, after a barrier, the process that saves moves a folder
-    that fails to quarantine/ (`quarantine_best`)."""
+    """`load_best_model_at_end`: the findings of the best `checkpoint-N` folder; [] when it
+    verifies, and for no folder or one that is no `checkpoint-N` (the Trainer's own business:
+    it says it cannot find it). The saving process calls it; a folder that fails goes to
+    quarantine/ (`verified.quarantine_folder`)."""
     step = parse_checkpoint_dirname(Path(best).name) if best is not None else None
-    if best is None or step is None:
+    if best is None or step is None or not Path(best).is_dir():
         return []
     return verify_folder(best, step)
-
-
-def quarantine_best(best: str, problems: list[Finding]) -> list[Finding]:
-    """Move the best folder that failed `verified_best` to quarantine/ (C112 added)."""
-    return problems + quarantine_rejected(Verified(rejected={Path(best): problems}))

@@ -111,8 +111,11 @@ def quarantine_if_invalid(folder: str | Path, step: int) -> list[Finding]:
     """Before retention deletes `folder`: verify it; if it fails, move it to quarantine/ and
     return why (its findings and C112): the caller must not delete it. [] when it verifies (the
     caller deletes it as usual). Call it from one process of the job."""
-    folder = Path(folder)
     problems = verify_folder(folder, step)
-    if not problems:
-        return []
-    return problems + quarantine_rejected(Verified(rejected={folder: problems}))
+    return quarantine_folder(folder, problems) if problems else []
+
+
+def quarantine_folder(folder: str | Path, problems: list[Finding]) -> list[Finding]:
+    """Move `folder`, which failed verification with `problems`, to quarantine/; the problems
+    and its C112. Call it from one process of the job."""
+    return problems + quarantine_rejected(Verified(rejected={Path(folder): problems}))

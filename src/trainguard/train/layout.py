@@ -96,14 +96,14 @@ class RunLayout:
 
     def stage(
         self, parts: list[Part], rng: list[dict[str, Any]]
-    ) -> tuple[CheckpointFiles, Callable[[], None]]:
+    ) -> tuple[CheckpointFiles, Callable[[], None] | None]:
         """`snapshot(copy=True)`'s files, less the weights and the optimizer state: the
         callable copies those, in the Checkpointer's writer thread, while the loop runs its
         next forward and backward, which change neither (`Checkpointer(background_copy=True)`:
-        the loop waits for the copy before its update). A model with buffers is copied now: a
-        forward may change them (BatchNorm's running statistics)."""
+        the loop waits for the copy before its update). A model with buffers is copied now (no
+        callable): a forward may change them (BatchNorm's running statistics)."""
         if next(_by_key(parts)["model"].value.buffers(), None) is not None:
-            return self.snapshot(parts, rng, True), lambda: None
+            return self.snapshot(parts, rng, True), None
         files = self._files(parts, rng, True)
         return files, lambda: self._copy_into(files, parts)
 
