@@ -1,5 +1,6 @@
 """trainguard.Checkpointer on CUDA: CUDA tensors and the CUDA generator in a non-sharded
-checkpoint, and FSDP2 shards on CUDA through DCP under nccl. Skipped without a GPU."""
+checkpoint, run's background copy of CUDA state, and FSDP2 shards on CUDA through DCP under
+nccl. Skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -60,3 +61,44 @@ def test_fsdp2_shards_on_cuda_under_nccl(tmp_path: Path) -> None:
         assert "error" not in r, r["error"]
         assert r["step"] == 2 and r["same"] and r["device"].startswith("cuda")
         assert r["draw_after_load"] == r["draw_after_save"]
+
+
+def test_background_copy_of_cuda_state_writes_the_in_loop_bytes(tmp_path: Path) -> None:
+    """`trainguard run`'s background copy on CUDA: the writer thread copies the weights and
+    the optimizer state while the loop goes on; after `wait_copied` the loop's next update
+    must not reach the files, which are byte for byte an in-loop save's (the copy and the
+    update are ordered on the device)."""
+    from loophelpers import run_state
+    from trainguard import ElasticSampler
+    from trainguard.train.layout import RunLayout
+
+    device = "cuda"
+    torch.manual_seed(0)
+    model = nn.Linear(32, 32).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(torch.randn(4, 32, device=device)).sum().backward()
+        opt.step()
+
+    step()
+    state = run_state(model, opt, ElasticSampler(100, global_batch_size=2, seed=0))
+    recipe = {"name": "gpu", "train": {"lr": 0.01}}
+    background = Checkpointer(
+        tmp_path / "async", async_save=True, background_copy=True, layout=RunLayout(recipe, {})
+    )
+    in_loop = Checkpointer(tmp_path / "sync", layout=RunLayout(recipe, {}))
+    try:
+        for s in (1, 2):  # 1 allocates the copies, 2 refills them
+            in_loop.save(s, state)
+            handle = background.save(s, state)
+            background.wait_copied()
+            step()  # the update the loop makes right after
+            handle.wait(timeout=60)
+    finally:
+        background.close()
+    for s in (1, 2):
+        for name in ("model.safetensors", "optimizer.pt"):
+            a, b = ((tmp_path / k / f"step-{s}" / name).read_bytes() for k in ("async", "sync"))
+            assert a == b, f"step {s}: {name}"
