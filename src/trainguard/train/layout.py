@@ -92,6 +92,8 @@ class RunLayout:
         if copy:  # an asynchronous save: the loop changes the originals right after this
             with one_thread():  # checkpoint/staging.py says why
                 self._copy_into(files, parts)
+        else:
+            files.optimizer = _by_key(parts)["optimizer"].value.state_dict()
         return files
 
     def stage(
@@ -113,9 +115,9 @@ class RunLayout:
         files.optimizer = self.staging.tree(p["optimizer"].value.state_dict())
 
     def _files(self, parts: list[Part], rng: list[dict[str, Any]], copy: bool) -> CheckpointFiles:
-        """The files of a checkpoint of `parts` now; with `copy`, the small state (counters,
-        the sampler, the guard, the callbacks) is a copy, and `model` and `optimizer` are the
-        live objects until `_copy_into` replaces them."""
+        """The files of a checkpoint of `parts` now, but for the weights and the optimizer
+        state (`model` the live module and `optimizer` None until the caller fills them); with
+        `copy`, the small state (counters, the sampler, the guard, the callbacks) is a copy."""
         p = _by_key(parts)
         progress, sampler = p["progress"].value, p["sampler"].value
         trainer = progress.state_dict() | {
@@ -129,7 +131,7 @@ class RunLayout:
             trainer = deepcopy(trainer)
         return CheckpointFiles(
             model=p["model"].value,
-            optimizer=p["optimizer"].value.state_dict(),
+            optimizer=None,
             rng=rng,
             trainer=trainer,
             loader=dict(trainer["loader"]),
