@@ -59,7 +59,7 @@ from typing import Any
 
 try:
     from accelerate.utils import broadcast_object_list  # the Trainer's own dependency
-    from transformers import Trainer, TrainerCallback
+    from transformers import Trainer
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "trainguard.integrations.hf needs Hugging Face transformers: pip install 'trainguard[hf]'"
@@ -71,10 +71,10 @@ from trainguard.guard import Guard, grad_norm_of
 from trainguard.guards.decision import Decision
 from trainguard.guards.device import PendingStep
 from trainguard.guards.masked_step import MaskedUpdate
+from trainguard.integrations.hf_callback import TrainguardCallback
 from trainguard.integrations.hf_checkpoints import (
     PREFIX,
     TrainerCheckpoints,
-    commit_checkpoint,
     load_state_file,
     parse_checkpoint_dirname,
     rotate_verified,
@@ -83,6 +83,7 @@ from trainguard.integrations.hf_checkpoints import (
 from trainguard.integrations.verified import quarantine_folder, verify_folder
 
 log = logging.getLogger(__name__)
+__all__ = ["GuardedTrainer", "GuardedTrainerMixin", "TrainguardCallback"]
 
 
 def _default_guard(args: Any) -> Guard:
@@ -338,71 +339,3 @@ class GuardedTrainerMixin:
 
 class GuardedTrainer(GuardedTrainerMixin, Trainer):
     """`transformers.Trainer` with trainguard's guard on every optimizer step."""
-
-
-class TrainguardCallback(TrainerCallback):
-    """The part of the guard a callback can do, installed by `GuardedTrainer` itself: after each
-    update the distributed guards; no save once a rollback or halt is decided; each saved
-    `checkpoint-N` completed with the guard's and the sampler's state (`trainguard_state.json`)
-    and, last, the manifest."""
-
-    def __init__(self, trainer: GuardedTrainerMixin | None = None) -> None:
-        self.trainer = trainer
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.trainer is None:
-            raise ConfigError(
-                "TrainguardCallback in a plain Trainer would see the clipped gradient norm "
-                "and the loss averaged over logging_steps, after the update",
-                "use trainguard.integrations.hf.GuardedTrainer (or mix GuardedTrainerMixin into "
-                "your Trainer subclass): it installs this callback itself",
-            )
-        return control
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        t = self.trainer
-        assert t is not None
-        done = state.global_step - 1  # the update just applied (or skipped)
-        due = control.should_save or control.should_evaluate or control.should_training_stop
-        t._settle(flush=due)  # the device path: the step's decision before a save or the end
-        if t.stop_decision is None:
-            end = t.guard.end_step(
-                done, kwargs.get("model"), t.optimizer, checkpoint_due=control.should_save
-            )
-            t._stop_on(end)
-            t._mark_between_steps(control)
-        if t.stop_decision is not None:
-            t._settle(flush=True)  # nothing stays pending across a rollback or a halt
-            control.should_save = False  # never save a state a rollback is about to undo
-            control.should_training_stop = True
-        return control
-
-    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.trainer is not None:
-            self.trainer._mark_between_steps(control)  # a save may still follow
-        return control
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.trainer is not None:  # a step still pending (the device path) is settled
-            self.trainer._settle(flush=True)
-        return control
-
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.trainer is not None and self.trainer.stop_decision is not None:
-            control.should_save = False
-        return control
-
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        t = self.trainer
-        assert t is not None
-        t.accelerator.wait_for_everyone()  # every rank's files (rng_state_<r>.pth) are written
-        if args.should_save:
-            folder = Path(args.output_dir) / f"{PREFIX}{state.global_step}"
-            commit_checkpoint(folder, state.global_step, t.guard, t._sampler())
-            rotated = rotate_verified(
-                args.output_dir, args.save_total_limit, state.best_model_checkpoint
-            )
-            t._report(rotated)  # folders kept in quarantine/ instead of deleted
-        t.accelerator.wait_for_everyone()  # nobody reads the folder before it is committed
-        t._mark_between_steps(control)  # the save is over: the next step's data phase
-        return control
