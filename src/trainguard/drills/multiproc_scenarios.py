@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainguard.drills.matrix import DrillRow
+from trainguard.drills.registry import actions_taken, drill, finish, present, relaunch_drill
 from trainguard.drills.runner import DrillContext, RunOutcome
-from trainguard.drills.scenarios import actions_taken, drill, finish, present, relaunch_drill
 from trainguard.errors import ExitStatus
 
 RANK = 1  # the faulty rank of every multi-process drill
