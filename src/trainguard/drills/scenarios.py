@@ -174,12 +174,14 @@ def low_precision_reduction(ctx: DrillContext) -> DrillRow:
     return row
 
 
+# The other scenario modules' drills, registered here (and only here) after this module's, so
+# that the table's order never depends on which module was imported first.
 from trainguard.drills.doctor_scenarios import DOCTOR_DRILLS  # noqa: E402
+from trainguard.drills.multiproc_scenarios import MULTIPROC_DRILLS  # noqa: E402
 from trainguard.drills.reference_scenarios import REFERENCE_DRILLS  # noqa: E402
 
-for _name, (_fault, _fn) in {**DOCTOR_DRILLS, **REFERENCE_DRILLS}.items():
+for _name, (_fault, _fn) in {**DOCTOR_DRILLS, **REFERENCE_DRILLS, **MULTIPROC_DRILLS}.items():
     drill(_name, _fault)(_fn)
-import trainguard.drills.multiproc_scenarios  # noqa: E402, F401  (registers the --nproc drills)
 
 
 def run_drills(ctx: DrillContext, names: list[str] | None = None, jobs: int = 1) -> list[DrillRow]:
