@@ -7,7 +7,10 @@ that defines them). Importing `a.b.c` also runs the packages `a` and `a.b`: a pa
 `__init__` sits on the lowest floor of anything inside it, so it must import nothing above that
 (a package holding a `config.py` keeps an `__init__` that imports nothing above the config floor).
 A module may import its own floor and the floors below; each import that climbs is named with its
-file and line.
+file and line. Nor may modules import each other in a circle, on one floor or across: the same
+imports form a graph whose strongly connected components (Tarjan) are the circles, each named
+with its modules and the import lines that close it. The package's `if TYPE_CHECKING:` block
+mirrors the lazy names for type checkers and counts as they do (it must equal `_LAZY`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +78,11 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 RUN = "trainguard.train.run"
 ALLOWED_RUN_IMPORTERS: dict[str, str] = {}  # callbacks get a narrow context instead
 
+# Circles between modules that are known and justified in docs/architecture.md ("Circles"): the
+# modules of one circle -> why it stays. At most one; an entry that no longer matches a circle
+# fails the test.
+ALLOWED_CIRCLES: dict[frozenset[str], str] = {}
+
 
 @dataclass(frozen=True)
 class Import:
@@ -110,12 +119,37 @@ def lazy_names(root: Path) -> dict[str, str]:
     return {}
 
 
+def type_checking_imports(tree: ast.Module) -> list[ast.ImportFrom]:
+    """The `from ... import ...` statements of a module's top-level `if TYPE_CHECKING:` blocks."""
+    found = []
+    for node in tree.body:
+        test = node.test if isinstance(node, ast.If) else None
+        name = getattr(test, "id", None) or getattr(test, "attr", None)
+        if name == "TYPE_CHECKING":
+            found += [n for n in node.body if isinstance(n, ast.ImportFrom)]
+    return found
+
+
+def lazy_mirror(tree: ast.Module, lazy: dict[str, str]) -> list[ast.ImportFrom]:
+    """The package's `if TYPE_CHECKING:` imports that are exactly lazy names (`from M import X
+    as X` with `_LAZY["X"] == M`): the lazy table for type checkers, never run. Any other
+    import there counts as an import of the package."""
+    return [
+        node
+        for node in type_checking_imports(tree)
+        if all(lazy.get(a.name) == node.module and a.asname in (None, a.name) for a in node.names)
+    ]
+
+
 def imports_of(name: str, path: Path, modules: dict[str, Path], lazy: dict[str, str]):
     """Every trainguard module `name` imports, wherever the import statement sits."""
     tree = ast.parse(path.read_text(), str(path))
     package = name if _is_package(name, modules) else name.rpartition(".")[0]
     where = f"{path.relative_to(SRC) if path.is_relative_to(SRC) else path}"
+    mirror = {id(n) for n in lazy_mirror(tree, lazy)} if name == "trainguard" else set()
     for node in ast.walk(tree):
+        if id(node) in mirror:
+            continue  # as `from trainguard import X` is resolved: to the module, not the package
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -210,6 +244,166 @@ def test_imports_go_downward_only():
     stale = (set(ALLOWED_UPWARD) | set(ALLOWED_RUN_IMPORTERS)) - used
     assert not stale, f"allowlist entries that no longer match an import (delete them): {stale}"
     assert all(k[0].startswith("trainguard.train.") for k in ALLOWED_UPWARD)
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of `graph` (node -> the nodes it points to),
+    iterative (no recursion limit); each component sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> tuple[str, Iterator[str]]:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        return node, iter(sorted(graph.get(node, ())))
+
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [visit(root)]
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    work.append(visit(child))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:  # every child seen: `node` is done
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:  # the root of a component: pop it off the stack
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    components.append(sorted(component))
+    return components
+
+
+def circles(root: Path) -> dict[frozenset[str], list[str]]:
+    """Every circle between modules (a strongly connected component of more than one module),
+    with the import lines inside it."""
+    modules = all_modules(root)
+    lazy = lazy_names(root)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    lines: dict[tuple[str, str], list[Import]] = {}
+    for name, path in modules.items():
+        for imp in imports_of(name, path, modules, lazy):
+            if imp.imported != name:
+                graph[name].add(imp.imported)
+                lines.setdefault((name, imp.imported), []).append(imp)
+    found = {}
+    for component in strongly_connected(graph):
+        if len(component) > 1:
+            inside = set(component)
+            found[frozenset(component)] = sorted(
+                {
+                    str(imp)
+                    for (a, b), imps in lines.items()
+                    if a in inside and b in inside
+                    for imp in imps
+                }
+            )
+    return found
+
+
+def test_no_circles_between_modules():
+    """No two modules import each other, directly or around a ring: a circle makes the import
+    order matter and hides which of the two is the lower one (docs/architecture.md)."""
+    found = circles(SRC)
+    unexpected = {c: imps for c, imps in found.items() if c not in ALLOWED_CIRCLES}
+    report = [
+        f"circle of {len(c)} modules: {', '.join(sorted(c))}\n    " + "\n    ".join(imps)
+        for c, imps in sorted(unexpected.items(), key=lambda kv: sorted(kv[0]))
+    ]
+    assert not unexpected, "modules that import each other:\n" + "\n".join(report)
+    stale = set(ALLOWED_CIRCLES) - set(found)
+    assert not stale, f"allowed circles that no longer exist (delete them): {stale}"
+    assert len(ALLOWED_CIRCLES) <= 1  # and that one named and justified in architecture.md
+    page = (SRC.parent / "docs" / "architecture.md").read_text()
+    for circle in ALLOWED_CIRCLES:
+        assert all(m.removeprefix("trainguard.").replace(".", "/") in page for m in circle)
+
+
+def test_the_lazy_names_are_visible_to_type_checkers():
+    """`if TYPE_CHECKING:` in trainguard/__init__.py imports each lazy public name from the
+    module `_LAZY` loads it from, as an explicit re-export (`X as X`), and nothing else; and the
+    public names include the exit table and the run's result."""
+    lazy = lazy_names(SRC)
+    tree = ast.parse((SRC / "trainguard" / "__init__.py").read_text())
+    typed = {
+        (alias.asname or alias.name): node.module
+        for node in type_checking_imports(tree)
+        for alias in node.names
+    }
+    assert typed == lazy
+    assert len(lazy_mirror(tree, lazy)) == len(type_checking_imports(tree))
+    assert all(a.asname == a.name for n in type_checking_imports(tree) for a in n.names)
+    from trainguard.errors import ExitStatus
+    from trainguard.train.outcome import RunResult
+
+    assert trainguard.ExitStatus is ExitStatus and trainguard.RunResult is RunResult
+    assert {"ExitStatus", "RunResult"} <= set(trainguard.__all__)
+
+
+def test_a_planted_circle_is_named(tmp_path):
+    """The circle checker on a small tree: a pair through `TYPE_CHECKING`, a ring of three
+    through a function-level import, each named with its modules and lines; a chain that does
+    not close, and the package's lazy mirror, are no circle."""
+    root = _plant(
+        tmp_path,
+        {
+            "trainguard/__init__.py": """\
+                from typing import TYPE_CHECKING
+                _LAZY = {"Loop": "trainguard.train.loop"}
+                if TYPE_CHECKING:
+                    from trainguard.train.loop import Loop as Loop
+                """,
+            "trainguard/errors.py": "",
+            "trainguard/train/__init__.py": "",
+            "trainguard/train/spine.py": "from trainguard.train.steps import step\n",
+            "trainguard/train/steps.py": """\
+                from typing import TYPE_CHECKING
+                if TYPE_CHECKING:
+                    from trainguard.train.spine import Loop
+                """,
+            "trainguard/train/loop.py": "import trainguard\nfrom trainguard.errors import x\n",
+            "trainguard/drills/__init__.py": "",
+            "trainguard/drills/a.py": "from trainguard.drills import b\n",
+            "trainguard/drills/b.py": "from . import c\n",
+            "trainguard/drills/c.py": "def f():\n    from trainguard.drills.a import g\n",
+        },
+    )
+    found = circles(root)
+    pair = frozenset({"trainguard.train.spine", "trainguard.train.steps"})
+    ring = frozenset({"trainguard.drills.a", "trainguard.drills.b", "trainguard.drills.c"})
+    assert set(found) == {pair, ring}
+    named = {c: [line.rpartition("/src/")[2] for line in imps] for c, imps in found.items()}
+    assert named[pair] == [
+        "trainguard/train/spine.py:1: trainguard.train.spine imports trainguard.train.steps",
+        "trainguard/train/steps.py:3: trainguard.train.steps imports trainguard.train.spine",
+    ]
+    assert (
+        "trainguard/drills/c.py:2: trainguard.drills.c imports trainguard.drills.a" in named[ring]
+    )
+    assert len(named[ring]) == 3
+
+
+def test_tarjan_finds_every_component():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": {"f", "a"}}
+    assert sorted(strongly_connected(graph)) == [["a", "b", "c"], ["d", "e"], ["f"]]
+    chain = {str(i): {str(i + 1)} for i in range(5000)}  # deep: no recursion limit
+    assert len(strongly_connected(chain)) == 5001
 
 
 def test_the_diagram_matches_the_floors():

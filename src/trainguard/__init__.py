@@ -5,6 +5,8 @@ The public objects load lazily so that `import trainguard` stays cheap for the C
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainguard.util.lazy import lazy_getattr
 
 __version__ = "0.1.0"
@@ -19,9 +21,28 @@ _LAZY = {
     "Finding": "trainguard.findings",
     "Checkpointer": "trainguard.checkpoint.checkpointer",
     "run_recipe": "trainguard.train.run",
+    "RunResult": "trainguard.train.outcome",
+    "ExitStatus": "trainguard.errors",
     "load_recipe": "trainguard.config.load",
     "collect_router_stats": "trainguard.model.moe",
 }
+
+# The same names for type checkers and IDEs, which do not run `__getattr__`; never imported at
+# run time (tests/test_layers.py keeps this block equal to `_LAZY`). `X as X`: a re-export.
+if TYPE_CHECKING:
+    from trainguard.checkpoint.checkpointer import Checkpointer as Checkpointer
+    from trainguard.config.load import load_recipe as load_recipe
+    from trainguard.data.sampler import ElasticSampler as ElasticSampler
+    from trainguard.errors import ExitStatus as ExitStatus
+    from trainguard.findings import Finding as Finding
+    from trainguard.guard import Guard as Guard
+    from trainguard.guards.decision import Decision as Decision
+    from trainguard.guards.distributed import DistributedGuards as DistributedGuards
+    from trainguard.model.moe import collect_router_stats as collect_router_stats
+    from trainguard.monitors.config import GuardsConfig as GuardsConfig
+    from trainguard.monitors.watchdog import Watchdog as Watchdog
+    from trainguard.train.outcome import RunResult as RunResult
+    from trainguard.train.run import run_recipe as run_recipe
 
 __all__ = sorted(_LAZY)
 

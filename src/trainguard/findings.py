@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Severity = Literal["error", "warning", "info"]
-SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
+# The severities are the code registry's (a code's default severity is one of them).
+from trainguard.codes import SEVERITIES, Severity, get_code
 
 
 @dataclass
@@ -43,8 +43,6 @@ class Finding:
     def of(cls, code: str, message: str, **where: Any) -> Finding:
         """A finding whose severity and fix default to the code's registry entry. A renamed
         code gives its new number; a removed one is a bug (ValueError)."""
-        from trainguard.codes import get_code
-
         entry = get_code(code)
         if entry.lifecycle == "removed":
             raise ValueError(f"code {entry.code} was removed: nothing may report it any more")

@@ -62,7 +62,8 @@ def register(app: typer.Typer) -> None:
         Exit 0 when every fault was detected and recovered, the blind spot behaved as
         documented, and the clean run stayed quiet."""
         from trainguard.drills.matrix import matrix_markdown, matrix_table, verdict
-        from trainguard.drills.runner import DrillContext, DrillPlan, cleanup, run_drills
+        from trainguard.drills.runner import DrillContext, DrillPlan, cleanup
+        from trainguard.drills.scenarios import run_drills
 
         recipe_file = recipe if Path(recipe).is_file() else None
         refuse_overwrite({"--markdown": markdown, "--workdir": workdir}, {"--recipe": recipe_file})

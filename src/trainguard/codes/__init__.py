@@ -32,7 +32,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from trainguard.findings import SEVERITIES, Severity
+# A finding's severity; the registry gives each code its default (`findings.py` uses these).
+Severity = Literal["error", "warning", "info"]
+SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 
 Lifecycle = Literal["stable", "preview", "deprecated", "removed"]
 LIFECYCLES: tuple[str, ...] = get_args(Lifecycle)

@@ -22,16 +22,16 @@ from tokenizers import Tokenizer
 from trainguard.config.schema import DataConfig, TokenizerConfig
 from trainguard.data import corpus, shards
 from trainguard.data.corpus import CorpusStats, Document, iter_documents, split_of
+from trainguard.data.prepared_manifest import TOKENIZER_FILE, write_prepared_manifest
 from trainguard.data.progress import Progress
 from trainguard.data.shards import FORMAT_VERSION, ShardWriter, TokenDataset
 from trainguard.data.tokenizer import eot_id, load_tokenizer, save_tokenizer, train_tokenizer
 from trainguard.errors import DataError, OutputWriteError
 from trainguard.findings import Finding
 from trainguard.util.atomic import check_writable, fsync_dir
-from trainguard.util.hashing import file_checksum, stable_json_hash
+from trainguard.util.hashing import stable_json_hash
 from trainguard.util.paths import is_url, refuse_overwrite
 
-TOKENIZER_FILE = "tokenizer.json"
 _ENCODE_BATCH_BYTES = 4 << 20  # documents per encode_batch call, by size: parallel, bounded
 
 
@@ -210,49 +210,6 @@ def _build(folder: Path, data_cfg: DataConfig, tok_cfg: TokenizerConfig, progres
     _encode_all(tok, data_cfg, writers, progress)
     splits = {s: w.close() for s, w in writers.items()}
     write_prepared_manifest(folder, data_cfg, tok_cfg, tok, stats, splits)
-
-
-def write_prepared_manifest(
-    folder: Path,
-    data_cfg: DataConfig,
-    tok_cfg: TokenizerConfig,
-    tok: Tokenizer,
-    stats: CorpusStats,
-    splits: dict[str, dict[str, Any]],
-) -> None:
-    """Refuse an empty split, then write the manifest (last: a folder without it is never
-    used). Every engine ends here, so their manifests are alike."""
-    for s, meta in splits.items():
-        if meta["docs"] == 0:
-            raise DataError(
-                f"the {s} split of {data_cfg.source!r} is empty ({stats.docs} documents, "
-                f"val_fraction={data_cfg.val_fraction})",
-                "add documents or change data.val_fraction",
-            )
-    tok_path = folder / TOKENIZER_FILE
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "source": data_cfg.source,
-        "source_fingerprint": corpus.source_fingerprint(data_cfg.source, data_cfg.text_field),
-        "text_field": data_cfg.text_field,
-        "val_fraction": data_cfg.val_fraction,
-        "shard_tokens": data_cfg.shard_tokens,
-        "tokenizer": {
-            "file": TOKENIZER_FILE,
-            "size": tok_path.stat().st_size,
-            "checksum": file_checksum(tok_path),
-            "type": "byte-level BPE",
-            "vocab_size": tok_cfg.vocab_size,
-            "min_frequency": tok_cfg.min_frequency,
-            "actual_vocab_size": tok.get_vocab_size(),
-            "eot": "<|endoftext|>",
-            "eot_id": eot_id(tok),
-        },
-        "tokenizer_hash": file_checksum(tok_path),
-        "stats": stats.to_dict(),
-        "splits": splits,
-    }
-    shards.write_manifest(folder, manifest)
 
 
 def prepare_data(

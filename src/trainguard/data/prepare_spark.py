@@ -29,6 +29,7 @@ from trainguard.config.schema import DataConfig, TokenizerConfig
 from trainguard.data import corpus, shards
 from trainguard.data.corpus import CorpusStats, split_of
 from trainguard.data.parts import part_bytes
+from trainguard.data.prepared_manifest import write_prepared_manifest
 from trainguard.data.progress import Progress
 from trainguard.data.tokenizer import eot_id, prepare_for_encoding, save_tokenizer, train_tokenizer
 from trainguard.util.spark import executor_errors, get_spark
@@ -192,8 +193,6 @@ def build_spark(
         splits[split] = shards.split_entry(
             folder, split, dtype, entries, starts, label_ids, labels, n_bytes
         )
-    from trainguard.data.prepare import write_prepared_manifest
-
     write_prepared_manifest(folder, data_cfg, tok_cfg, tok, stats, splits)
 
 

@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainguard.drills.matrix import DrillRow
+from trainguard.drills.registry import actions_taken, finish, present, relaunch_drill
 from trainguard.drills.runner import DrillContext, RunOutcome
-from trainguard.drills.scenarios import actions_taken, drill, finish, present, relaunch_drill
 from trainguard.errors import ExitStatus
 
 RANK = 1  # the faulty rank of every multi-process drill
-MULTIPROC_DRILLS = ("replica", "straggler", "hung_rank")
 
 # The hung-rank drill's timeouts: the all-reduce gives up after 8 s, the diagnosis barrier
 # waits 4 s more. The single-process hang watchdog (R210) must stay out of the way in every
@@ -101,7 +100,6 @@ def _wrong_rank(row: DrillRow, code: str, wrong: Findings) -> None:
     row.note = (row.note + "; " if row.note else "") + f"{code} named rank(s) {named}, not {RANK}"
 
 
-@drill("replica", "silent corruption of one replica (3 ranks)")
 def replica_corruption(ctx: DrillContext) -> DrillRow:
     nproc, fault_step = 3, ctx.plan.fault_step + 1  # checked at the next even step
     mctx = _multiproc(ctx, nproc, "train.batch_size=6", "distributed.replica_check_interval=2")
@@ -128,7 +126,6 @@ def replica_corruption(ctx: DrillContext) -> DrillRow:
     return finish(row, out, ctx)
 
 
-@drill("straggler", "one rank 0.2 s slower per step (2 ranks)")
 def straggler(ctx: DrillContext) -> DrillRow:
     nproc, fault_step = 2, ctx.plan.fault_step  # after many intervals of history
     mctx = _multiproc(ctx, nproc, "distributed.straggler_interval=2")
@@ -148,7 +145,6 @@ def straggler(ctx: DrillContext) -> DrillRow:
     return finish(row, out, ctx)
 
 
-@drill("hung_rank", "one rank hangs in the forward pass (2 ranks)")
 def hung_rank(ctx: DrillContext) -> DrillRow:
     nproc, fault_step = 2, ctx.plan.fault_step + ctx.plan.interval // 2
     mctx = _multiproc(
@@ -201,3 +197,12 @@ def hung_rank(ctx: DrillContext) -> DrillRow:
         f"stacks of rank {', '.join(map(str, dumped)) or 'none'} dumped, exit 3; {row.action}"
     )
     return row
+
+
+# name -> (fault shown in the matrix, drill); registered by drills/scenarios.py, last, in this
+# order.
+MULTIPROC_DRILLS = {
+    "replica": ("silent corruption of one replica (3 ranks)", replica_corruption),
+    "straggler": ("one rank 0.2 s slower per step (2 ranks)", straggler),
+    "hung_rank": ("one rank hangs in the forward pass (2 ranks)", hung_rank),
+}

@@ -10,12 +10,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.drills.matrix import DrillRow
 from trainguard.errors import BadInputError
 from trainguard.faults import ENV_VAR
 
@@ -202,37 +200,6 @@ class DrillContext:
             except ValueError:
                 payload = None
         return RunOutcome(proc.returncode, payload, run_dir, proc.stderr)
-
-
-def run_drills(ctx: DrillContext, names: list[str] | None = None, jobs: int = 1) -> list[DrillRow]:
-    """Run the named drills (all by default), the clean one first in the table.
-
-    Each drill's final loss is compared with the clean run's. `jobs` > 1 runs drills side by
-    side (each drill's own runs stay sequential).
-    """
-    from trainguard.drills.scenarios import DRILLS
-
-    names = list(names or DRILLS)
-    unknown = [n for n in names if n not in DRILLS]
-    if unknown:
-        raise BadInputError(
-            f"unknown drill(s) {unknown}", f"use names among {', '.join(DRILLS)} with --only"
-        )
-    from trainguard.config.load import load_recipe
-
-    # Every drill runs this recipe with these settings: a missing recipe or a bad --set is bad
-    # input (exit 2) here, not one failed drill per fault.
-    load_recipe(ctx.recipe, ctx.settings())
-    # The clean run is the baseline of every loss comparison: always run it.
-    if "clean" not in names:
-        names.insert(0, "clean")
-    ctx.workdir.mkdir(parents=True, exist_ok=True)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        rows = list(pool.map(lambda n: DRILLS[n].run(ctx), names))
-    clean = next(r for r in rows if r.name == "clean")
-    for r in rows:
-        r.compare_with(clean)
-    return rows
 
 
 def cleanup(ctx: DrillContext) -> None:

@@ -1,8 +1,8 @@
-"""The drill registry: one small function per fault.
+"""The drill table: one small function per fault, every drill registered, and `run_drills`.
 
 A drill takes a `DrillContext` (how to launch real runs at drill settings) and returns a
-`DrillRow`. Adding one is a decorated function; most are a fault plan (`TRAINGUARD_INJECT`,
-see `faults.py`) plus the codes that must catch it:
+`DrillRow`. Adding one is a decorated function (`registry.py`); most are a fault plan
+(`TRAINGUARD_INJECT`, see `faults.py`) plus the codes that must catch it:
 
     @drill("straggler", "one rank 0.2 s slower per step")
     def straggler(ctx):
@@ -11,131 +11,20 @@ see `faults.py`) plus the codes that must catch it:
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 
 from trainguard.drills.matrix import DrillRow
+from trainguard.drills.registry import (
+    DRILLS,
+    actions_taken,
+    drill,
+    finish,
+    guarded_drill,
+    present,
+    relaunch_drill,
+)
 from trainguard.drills.runner import DrillContext, RunOutcome
-from trainguard.errors import ExitStatus
-
-
-@dataclass(frozen=True)
-class Drill:
-    name: str
-    fault: str
-    fn: Callable[[DrillContext], DrillRow]
-
-    def run(self, ctx: DrillContext) -> DrillRow:
-        try:
-            row = self.fn(ctx)
-        except Exception as e:  # a broken drill is a failed row, not a crashed command
-            row = DrillRow(self.name, self.fault, [], note=f"drill crashed: {e!r}")
-        row.name, row.fault = self.name, self.fault
-        return row
-
-
-DRILLS: dict[str, Drill] = {}
-
-
-def drill(name: str, fault: str) -> Callable[[Callable[[DrillContext], DrillRow]], Drill]:
-    """Register a drill under `name`; the table shows `fault` as its first column."""
-
-    def register(fn: Callable[[DrillContext], DrillRow]) -> Drill:
-        DRILLS[name] = Drill(name, fault, fn)
-        return DRILLS[name]
-
-    return register
-
-
-# --- reading a run's outcome --------------------------------------------------------------------
-def present(out: RunOutcome, codes: tuple[str, ...] | list[str]) -> list[str]:
-    """The codes among `codes` that `out` reported, in order of first appearance."""
-    seen: list[str] = []
-    for c in out.codes():
-        if c in codes and c not in seen:
-            seen.append(c)
-    return seen
-
-
-def actions_taken(out: RunOutcome) -> tuple[str, int]:
-    """A summary of the guard's actions, and the steps of work they threw away."""
-    codes = out.codes()
-    parts, lost = [], 0
-    if (n := codes.count("R201")) > 0:
-        parts.append(f"skipped {n} update{'s' * (n > 1)}")
-        lost += n
-    for ev in out.rows("event"):
-        if ev.get("event") == "rollback":
-            parts.append(f"rolled back {ev['from_step']}->{ev['to_step']}")
-            lost += int(ev["from_step"]) - int(ev["to_step"])
-    if "R203" in codes:
-        parts.append("halted")
-    if "R205" in codes:
-        parts.append("rerun: hardware")
-    elif "R206" in codes:
-        parts.append("rerun: data/software")
-    return "; ".join(parts), lost
-
-
-def finish(row: DrillRow, out: RunOutcome, ctx: DrillContext) -> DrillRow:
-    """Fill in whether the (last) run completed and its final loss."""
-    row.finished = out.returncode == 0 and out.final_step == ctx.plan.max_steps
-    row.final_loss = out.final_loss
-    if not row.finished:
-        row.note = (row.note + "; " if row.note else "") + (
-            f"run exited {out.returncode} at step {out.final_step}: {out.tail()}"
-        )
-    return row
-
-
-# --- the two drill shapes ---------------------------------------------------------------------
-def guarded_drill(
-    ctx: DrillContext,
-    name: str,
-    inject: str,
-    expected: list[str],
-    related: tuple[str, ...] = (),
-    fault_step: int | None = None,
-) -> DrillRow:
-    """A fault the in-run guard must catch and act on, within one process."""
-    fault_step = ctx.plan.fault_step if fault_step is None else fault_step
-    out = ctx.launch(name, inject=inject)
-    row = DrillRow(name, "", expected, inject=inject)
-    row.detected = present(out, (*expected, *related))
-    first = out.first_step(tuple(expected))
-    row.steps_to_detect = None if first is None else first - fault_step
-    row.action, row.steps_lost = actions_taken(out)
-    return finish(row, out, ctx)
-
-
-def relaunch_drill(
-    ctx: DrillContext,
-    name: str,
-    inject: str,
-    expected: list[str],
-    related: tuple[str, ...] = (),
-    exit_status: int = -signal.SIGKILL,
-    between: Callable[[RunOutcome], None] | None = None,
-) -> DrillRow:
-    """A fault that ends the process: run with the fault, check it died as expected, let
-    `between` tamper with what it left, then relaunch without the fault (the launcher's
-    restart) and check that auto-resume brings the run to its end."""
-    first = ctx.launch(name, inject=inject)
-    row = DrillRow(name, "", expected, inject=inject)
-    if first.returncode != exit_status:
-        row.note = f"the faulty run exited {first.returncode}, expected {exit_status}"
-        return finish(row, first, ctx)
-    logged = first.last_logged_step()
-    if between is not None:
-        between(first)
-    second = ctx.launch(name)
-    row.detected = present(second, (*expected, *related))
-    resumed = (second.payload or {}).get("resumed_from") or 0
-    row.steps_to_detect = 0  # the crash is the detection: the launcher sees it at once
-    row.steps_lost = max(0, logged - resumed)
-    row.action = f"relaunch; auto-resume from step {resumed}"
-    return finish(row, second, ctx)
+from trainguard.errors import BadInputError, ExitStatus
 
 
 # --- the drills ---------------------------------------------------------------------------------
@@ -285,9 +174,40 @@ def low_precision_reduction(ctx: DrillContext) -> DrillRow:
     return row
 
 
+# The other scenario modules' drills, registered here (and only here) after this module's, so
+# that the table's order never depends on which module was imported first.
 from trainguard.drills.doctor_scenarios import DOCTOR_DRILLS  # noqa: E402
+from trainguard.drills.multiproc_scenarios import MULTIPROC_DRILLS  # noqa: E402
 from trainguard.drills.reference_scenarios import REFERENCE_DRILLS  # noqa: E402
 
-for _name, (_fault, _fn) in {**DOCTOR_DRILLS, **REFERENCE_DRILLS}.items():
+for _name, (_fault, _fn) in {**DOCTOR_DRILLS, **REFERENCE_DRILLS, **MULTIPROC_DRILLS}.items():
     drill(_name, _fault)(_fn)
-import trainguard.drills.multiproc_scenarios  # noqa: E402, F401  (registers the --nproc drills)
+
+
+def run_drills(ctx: DrillContext, names: list[str] | None = None, jobs: int = 1) -> list[DrillRow]:
+    """Run the named drills (all by default), the clean one first in the table.
+
+    Each drill's final loss is compared with the clean run's. `jobs` > 1 runs drills side by
+    side (each drill's own runs stay sequential).
+    """
+    names = list(names or DRILLS)
+    unknown = [n for n in names if n not in DRILLS]
+    if unknown:
+        raise BadInputError(
+            f"unknown drill(s) {unknown}", f"use names among {', '.join(DRILLS)} with --only"
+        )
+    from trainguard.config.load import load_recipe
+
+    # Every drill runs this recipe with these settings: a missing recipe or a bad --set is bad
+    # input (exit 2) here, not one failed drill per fault.
+    load_recipe(ctx.recipe, ctx.settings())
+    # The clean run is the baseline of every loss comparison: always run it.
+    if "clean" not in names:
+        names.insert(0, "clean")
+    ctx.workdir.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        rows = list(pool.map(lambda n: DRILLS[n].run(ctx), names))
+    clean = next(r for r in rows if r.name == "clean")
+    for r in rows:
+        r.compare_with(clean)
+    return rows

@@ -5,7 +5,7 @@ each update and at each save (`integrations/hf.py` says why the rest needs a Tra
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from transformers import TrainerCallback
 
@@ -13,7 +13,25 @@ from trainguard.errors import ConfigError
 from trainguard.integrations.hf_checkpoints import PREFIX, commit_checkpoint, rotate_verified
 
 if TYPE_CHECKING:
-    from trainguard.integrations.hf import GuardedTrainerMixin
+    from trainguard.data.sampler import ElasticSampler
+    from trainguard.guard import Guard
+    from trainguard.guards.decision import Decision
+
+
+class GuardedTrainerHooks(Protocol):
+    """What the callback uses of the trainer that installs it (`GuardedTrainerMixin` in
+    `hf.py`); named here so that this module needs nothing of `hf.py`."""
+
+    guard: Guard
+    optimizer: Any
+    accelerator: Any
+    stop_decision: Decision | None
+
+    def _settle(self, flush: bool) -> None: ...
+    def _stop_on(self, decision: Decision) -> None: ...
+    def _mark_between_steps(self, control: Any) -> None: ...
+    def _sampler(self) -> ElasticSampler: ...
+    def _report(self, findings: list[Any]) -> None: ...
 
 
 class TrainguardCallback(TrainerCallback):
@@ -22,7 +40,7 @@ class TrainguardCallback(TrainerCallback):
     `checkpoint-N` completed with the guard's and the sampler's state (`trainguard_state.json`)
     and, last, the manifest."""
 
-    def __init__(self, trainer: GuardedTrainerMixin | None = None) -> None:
+    def __init__(self, trainer: GuardedTrainerHooks | None = None) -> None:
         self.trainer = trainer
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -21,17 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import DataError
+from trainguard.metrics.accepted import ACCEPTED, EVENT_GLOB
 from trainguard.metrics.logfile import csv_rows, follow_lines, jsonl_rows
 from trainguard.util.inputs import read_text
 
-ACCEPTED = (
-    "JSON Lines (.jsonl), CSV/TSV with a header, a TensorBoard event file or run folder, "
-    "a Hugging Face trainer_state.json (or the checkpoint folder holding it), "
-    "or a W&B chart's Export CSV"
-)
 FIX = f"give one of: {ACCEPTED}"
 HF_STATE = "trainer_state.json"
-EVENT_GLOB = "events.out.tfevents*"
 # "<run> - <metric>" columns of a W&B chart export; the run name is the text before the first
 # " - " (W&B run names have no spaces unless renamed).
 _WANDB_COLUMN = re.compile(r"^(?P<run>.+?) - (?P<metric>.+)$")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import DataError
-from trainguard.metrics.formats import ACCEPTED, EVENT_GLOB
+from trainguard.metrics.accepted import ACCEPTED, EVENT_GLOB
 
 # Names other trainers give what the reader knows under another name.
 _ALIASES = {"train/epoch": "epoch"}

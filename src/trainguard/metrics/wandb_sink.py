@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import ConfigError
-from trainguard.metrics.sinks import StepTracker, finding_text, scalars_of
+from trainguard.metrics.viewer_rows import StepTracker, finding_text, scalars_of
 
 STEP_AXIS = "trainguard/step"
 FINDING_COLUMNS = ["step", "code", "severity", "metric", "message", "fix"]

@@ -7,7 +7,7 @@ Reading the log itself (JSON Lines, CSV, TensorBoard, `trainer_state.json`, W&B 
 from __future__ import annotations
 
 from trainguard.errors import DataError
-from trainguard.metrics.formats import ACCEPTED
+from trainguard.metrics.accepted import ACCEPTED
 from trainguard.monitors.monitor_set import MetricKind, infer_kind
 
 # Names trainers give the metrics the detectors know: trainguard's own log and its TensorBoard

@@ -14,7 +14,7 @@ from trainguard.train.compute import StepResult
 from trainguard.train.saving import finish_checkpoint
 
 if TYPE_CHECKING:
-    from trainguard.train.spine import Loop
+    from trainguard.train.loop import Loop
 
 
 def rerun(loop: Loop, decision: Decision, first: StepResult, position: int) -> None:

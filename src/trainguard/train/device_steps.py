@@ -26,7 +26,7 @@ from trainguard.train.compute import StepResult
 MOE_COLUMNS = ("moe_drop_frac", "moe_load_max", "moe_load_min")  # monitors.moe.router_summary
 
 if TYPE_CHECKING:
-    from trainguard.train.spine import Loop
+    from trainguard.train.loop import Loop
 
 
 class DeviceSteps:

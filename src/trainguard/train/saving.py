@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from trainguard.checkpoint.results import AsyncSave
 
 if TYPE_CHECKING:
-    from trainguard.train.spine import Loop
+    from trainguard.train.loop import Loop
 
 
 def save_checkpoint(loop: Loop, step: int) -> None:

@@ -11,44 +11,12 @@ logged (the sampler counts from 0: logged step k reads the sampler's step k-1).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
 
-from trainguard.checkpoint.checkpointer import Checkpointer
-from trainguard.checkpoint.results import AsyncSave
-from trainguard.data.sampler import ElasticSampler
-from trainguard.faults import FaultPlan
-from trainguard.guard import Guard
 from trainguard.monitors.moe import router_summary
 from trainguard.train.actions import replicas_halted, rerun, roll_back
-from trainguard.train.callback import Callbacks, RunContext
-from trainguard.train.compute import Trainer
 from trainguard.train.device_steps import DeviceSteps
+from trainguard.train.loop import Loop
 from trainguard.train.saving import finish_checkpoint, save_checkpoint
-
-
-@dataclass
-class Loop:
-    """What the loop is made of (built by `train/run.py`)."""
-
-    ctx: RunContext
-    trainer: Trainer
-    sampler: ElasticSampler
-    guard: Guard
-    checkpointer: Checkpointer
-    callbacks: Callbacks
-    state: dict[str, Any]
-    """What every checkpoint holds and a rollback restores (train/layout.py)."""
-    faults: FaultPlan = field(default_factory=FaultPlan)
-    checkpoint_meta: dict[str, Any] = field(default_factory=dict)
-    """Written into each checkpoint's manifest (the data's identity, for D104 on resume)."""
-    writing: tuple[int, AsyncSave] | None = None
-    """The checkpoint being written in the background (`checkpoint.async_save`): its step and
-    the Checkpointer's handle."""
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.trainer.global_batch * self.ctx.recipe.data.seq_len
 
 
 def train(loop: Loop) -> None:

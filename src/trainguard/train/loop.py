@@ -1,0 +1,41 @@
+"""`Loop`: what `trainguard run`'s loop is made of, built by `train/run.py` and handed to the
+spine (`spine.py`), the device path (`device_steps.py`), the actions (`actions.py`) and the saves
+(`saving.py`). Its own module, so that those four share it without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.checkpoint.checkpointer import Checkpointer
+from trainguard.checkpoint.results import AsyncSave
+from trainguard.data.sampler import ElasticSampler
+from trainguard.faults import FaultPlan
+from trainguard.guard import Guard
+from trainguard.train.callback import Callbacks, RunContext
+from trainguard.train.compute import Trainer
+
+
+@dataclass
+class Loop:
+    """What the loop is made of (built by `train/run.py`)."""
+
+    ctx: RunContext
+    trainer: Trainer
+    sampler: ElasticSampler
+    guard: Guard
+    checkpointer: Checkpointer
+    callbacks: Callbacks
+    state: dict[str, Any]
+    """What every checkpoint holds and a rollback restores (train/layout.py)."""
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    checkpoint_meta: dict[str, Any] = field(default_factory=dict)
+    """Written into each checkpoint's manifest (the data's identity, for D104 on resume)."""
+    writing: tuple[int, AsyncSave] | None = None
+    """The checkpoint being written in the background (`checkpoint.async_save`): its step and
+    the Checkpointer's handle."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.trainer.global_batch * self.ctx.recipe.data.seq_len
