@@ -183,6 +183,19 @@ def test_slow_write_is_weighed_and_young_daly_overruled() -> None:
     assert sweep[out["interval_steps"]] > sweep[out["young_daly"]["young_steps"]]
 
 
+def test_a_current_interval_whose_saves_wait_is_named() -> None:
+    """`--interval 100` (200 s of training) with a 345 s write: every save waits 140 s for the
+    previous one (R701 names that interval), and its ETTR is below the plan's."""
+    args = ("--step-time", "2", "--checkpoint-stall", "5", "--checkpoint-write", "345")
+    out = plan_json(*args, "--restart", "600", "--gpus", "16384", "--interval", "100", "--json")
+    r701 = [f for f in out["findings"] if f["code"] == "R701"]
+    assert [f["data"]["interval_steps"] for f in r701] == [100]
+    assert "waits 140 s" in r701[0]["message"]
+    assert out["current"]["interval_steps"] == 100
+    assert out["current"]["ettr"] < out["ettr"]
+    assert out["current"]["losses"]["checkpoint_stall"] > out["losses"]["checkpoint_stall"]
+
+
 def test_failures_outpacing_progress_warn() -> None:
     args = ("--step-time", "1", "--checkpoint-stall", "30", "--restart", "1200")
     out = plan_json(*args, "--gpus", "100000", "--gpu-mtbf-hours", "20000", "--json")

@@ -43,7 +43,7 @@ def _table(plan: Any, inputs: dict[str, Any], result: dict[str, Any]) -> Table:
     table.add_row("job MTBF", f"{result['job_mtbf_hours']:.4g} h")
     if plan.current is not None:
         table.add_row(
-            "the run's interval",
+            "the current interval",
             f"{plan.current.interval_steps} steps: ETTR {plan.current.ettr:.4f}",
         )
     for name, inp in inputs.items():
@@ -93,6 +93,15 @@ def register(app: typer.Typer) -> None:
                 "(medians; flags win).",
             ),
         ] = None,
+        interval: Annotated[
+            int | None,
+            typer.Option(
+                "--interval",
+                min=1,
+                help="The checkpoint interval you use now, in steps, to compare with the plan "
+                "(default: the run's checkpoint.interval).",
+            ),
+        ] = None,
         out: Annotated[
             Path | None,
             typer.Option("--out", help="Folder for the plots (ETTR against GPUs and interval)."),
@@ -139,7 +148,7 @@ def register(app: typer.Typer) -> None:
             inputs,
             seed=seed,
             cycles=cycles,
-            current_steps=measured.interval_steps if measured else None,
+            current_steps=interval or (measured.interval_steps if measured else None),
         )
         result: dict[str, Any] = {
             **plan.to_dict(),

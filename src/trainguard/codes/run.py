@@ -539,9 +539,10 @@ register(
         code="R701",
         title="Goodput plan: saves wait for the previous checkpoint write",
         severity="warning",
-        catches="At the planned checkpoint interval the write of a checkpoint (until it is "
-        "durable) takes longer than the training between two saves plus the stall, so each "
-        "save waits for the previous write: the wait is a stall too, and the plan counts it.",
+        catches="At the plan's checkpoint interval, or the one in use now (`--interval`, or "
+        "the run's `checkpoint.interval`), writing a checkpoint until it is durable takes "
+        "longer than the training between two saves plus the stall, so each save waits for "
+        "the previous write: the wait is a stall too, and the plan counts it.",
         why="An asynchronous save hides its write only while the write is shorter than the "
         "interval. Past that, training blocks on every save, and a failure during the longer "
         "write falls back one more checkpoint: a short interval buys nothing.",

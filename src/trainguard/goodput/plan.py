@@ -234,16 +234,21 @@ def make_plan(
 
 def plan_findings(plan: Plan) -> list[Finding]:
     out: list[Finding] = []
-    c, k = plan.costs, plan.interval_steps
-    T = k * c.step_s
-    if c.write_s > T + c.stall_s:
+    c = plan.costs
+    checked = {plan.interval_steps: "the plan's"}
+    if plan.current is not None:
+        checked.setdefault(plan.current.interval_steps, "the current")
+    for k, whose in checked.items():
+        T = k * c.step_s
+        if c.write_s <= T + c.stall_s:
+            continue
         out.append(
             Finding.of(
                 "R701",
-                f"the checkpoint write ({c.write_s:g} s) outlasts the {k}-step interval "
-                f"({T:g} s of training + {c.stall_s:g} s stall): every save waits "
-                f"{c.write_s - T - c.stall_s:g} s for the previous write",
-                data={"write_s": c.write_s, "interval_s": T, "stall_s": c.stall_s},
+                f"the checkpoint write ({c.write_s:.4g} s) outlasts {whose} {k}-step "
+                f"interval ({T:.4g} s of training + {c.stall_s:.4g} s stall): every save "
+                f"waits {c.write_s - T - c.stall_s:.4g} s for the previous write",
+                data={"interval_steps": k, "write_s": c.write_s, "interval_s": T},
             )
         )
     if plan.expected.ettr < 0.5:
