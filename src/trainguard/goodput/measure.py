@@ -4,10 +4,11 @@ What the record holds today (metrics.jsonl): each step row's `step_time_s` (the 
 wait included) and `time` (the wall clock when the step ended). A save happens between the row
 of a checkpoint step and the next step, so the stall shows as the extra time between those two
 rows: (time[k+1] - time[k]) after a checkpoint step k, less the median of that gap after
-ordinary steps (neither a save nor an evaluation after them; pairs across a restart or a
-rollback are skipped). An asynchronous save's background copy, which the next step waits for,
-is counted too. The record holds no write time (when an async save became durable) and no
-restart time: those come from flags, or the write time is taken equal to the stall.
+ordinary steps; pairs with any other row between them (an evaluation, the findings a resume
+logs, a rollback event) are skipped. An asynchronous save's background copy, which the next
+step waits for, is counted too. The record holds no write time (when an async save became
+durable) and no restart time: those come from flags, or the write time is taken equal to the
+stall.
 """
 
 from __future__ import annotations
@@ -58,19 +59,18 @@ def _checkpoint_interval(run_dir: Path) -> int:
 
 
 def _gaps(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    """(step k, seconds between the end of step k and the end of step k + 1), in one process."""
+    """(step k, seconds between the end of step k and the end of step k + 1) for each pair of
+    step rows with nothing logged between them: an evaluation, a finding (a resume logs C150
+    before its first step) or an event (start, rollback) between two steps is time the model
+    does not take for a save."""
     out: list[tuple[int, float]] = []
     prev: tuple[int, float] | None = None
     for r in rows:
-        if r.get("kind") == "event":
-            prev = None  # a start, resume or rollback: the next row is not the next step's
-            continue
-        if r.get("kind") != "step" or not isinstance(r.get("step"), int):
-            continue
-        at = _number(r.get("time"))
-        if prev is not None and at is not None and r["step"] == prev[0] + 1:
+        at = _number(r.get("time")) if r.get("kind") == "step" else None
+        step = r.get("step")
+        if at is not None and isinstance(step, int) and prev is not None and step == prev[0] + 1:
             out.append((prev[0], at - prev[1]))
-        prev = (r["step"], at) if at is not None else None
+        prev = (step, at) if at is not None and isinstance(step, int) else None
     return out
 
 
@@ -103,15 +103,8 @@ def measure_run(run_dir: Path) -> Measured:
         out.step_s = statistics.median(times)
         out.notes["step_time_s"] = f"median step_time_s of {len(times)} steps in {METRICS_FILE}"
     interval = out.interval_steps = _checkpoint_interval(run_dir)
-    evals = {
-        r["step"]
-        for r in rows
-        if r.get("kind") in ("eval", "evals") and isinstance(r.get("step"), int)
-    }
     ordinary, saved = [], []
     for k, gap in _gaps(rows):
-        if k in evals:
-            continue
         (saved if k % interval == 0 else ordinary).append(gap)
     if ordinary and saved:
         stall = statistics.median(saved) - statistics.median(ordinary)
