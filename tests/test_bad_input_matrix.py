@@ -71,6 +71,10 @@ SMALL = ("--vocab-size", "260", "--seq-len", "8", "--val-fraction", "0.2")
 # Drill rows name a recipe whose runs fail at once: if a check were missing, no drill trains.
 DRILL = ("--recipe", "{tiny}", "--only", "clean", "--set", "data.source={inputs}/missing")
 DRILL_DIR = ("--workdir", "{out}/drill")
+# issue 24: goodput planner (`trainguard plan`): the numbers it needs, few simulated failures
+# (a row's own value comes after PLAN_ALL: the last of a repeated option counts)
+PLAN_ALL = ("--step-time", "1", "--checkpoint-stall", "1", "--restart", "60", "--gpus", "8")
+PLAN_CYCLES = ("--cycles", "1000")
 
 ROWS = [
     # --- run ------------------------------------------------------------------------------
@@ -202,6 +206,70 @@ ROWS = [
                 "{finished_run}",
                 "{out}/r.json",
                 {"exit": 0, "says": ("wrote",), "may_create": ("out/r.json",)},
+            ),
+        ]
+    ],
+    # --- plan -----------------------------------------------------------------------------
+    # issue 24: goodput planner (`trainguard plan`)
+    *[
+        row(f"plan-{name}", "plan", *PLAN_CYCLES, *args, **kw)
+        for name, args, kw in [
+            ("missing-numbers", ("--step-time", "1"), {"says": ("missing", "--restart")}),
+            ("step-time-negative", (*PLAN_ALL, "--step-time", "-1"), {"says": ("--step-time",)}),
+            (
+                "stall-zero",
+                (*PLAN_ALL, "--checkpoint-stall", "0"),
+                {"says": ("--checkpoint-stall", "positive")},
+            ),
+            ("restart-nan", (*PLAN_ALL, "--restart", "nan"), {"says": ("--restart", "positive")}),
+            ("gpus-zero", (*PLAN_ALL, "--gpus", "0"), {"says": ("--gpus", "1 or more")}),
+            (
+                "mtbf-negative",
+                (*PLAN_ALL, "--gpu-mtbf-hours", "-5"),
+                {"says": ("--gpu-mtbf-hours", "hours")},
+            ),
+            (
+                "write-below-stall",
+                (*PLAN_ALL, "--checkpoint-write", "0.5"),
+                {"says": ("shorter than the checkpoint stall",)},
+            ),
+            ("cycles-too-few", (*PLAN_ALL, "--cycles", "10"), {"says": ("--cycles",)}),
+            ("run-missing", ("--run", "{out}/nothing", *PLAN_ALL), {"says": NOT_EXIST}),
+            ("run-not-a-run-dir", ("--run", "{inputs}", *PLAN_ALL), {"says": ("not a run dir",)}),
+            (
+                "run-records-no-restart",
+                ("--run", "{finished_run}", "--gpus", "8"),
+                {"says": ("missing", "--restart", "no restart time")},
+            ),
+            (
+                "run-recipe-not-utf8",
+                ("--run", "{run_bad_recipe}", *PLAN_ALL),
+                {"says": ("recipe", "UTF-8")},
+            ),
+            (
+                "run-metrics-not-utf8",
+                ("--run", "{run_bad_metrics}", *PLAN_ALL),
+                {"says": ("metric", "UTF-8")},
+            ),
+            (
+                "out-inside-run-dir",
+                ("--run", "{finished_run}", "--out", "{finished_run}/plots", *PLAN_ALL),
+                {"says": ("inside the input folder",)},
+            ),
+            (
+                "out-is-a-file",
+                ("--out", "{afile}", *PLAN_ALL),
+                {"exit": 1, "says": cannot("{afile}")},
+            ),
+            (
+                "out-readonly",
+                ("--out", "{ro}/plots", *PLAN_ALL),
+                {"exit": 1, "says": cannot("{ro}/plots"), "fault": "readonly"},
+            ),
+            (
+                "works",
+                ("--out", "{out}/plots", *PLAN_ALL),
+                {"exit": 0, "says": ("Goodput plan",), "may_create": ("out/plots", "out/plots/*")},
             ),
         ]
     ],

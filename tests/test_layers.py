@@ -57,6 +57,7 @@ FLOORS: dict[str, int] = {
     "dedup": 3,
     "filters": 3,
     "scaling": 3,
+    "goodput": 3,
     "report": 3,
     "doctor": 3,
     # 4 the run, composed from the parts

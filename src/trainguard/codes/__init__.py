@@ -17,7 +17,8 @@ H1xx single-process hardware and environment, H2xx multi-process replicas and st
 H4xx `trainguard doctor` (H401-H430); R1xx in-run detectors, R2xx actions and watchdog, R3xx
 multi-process hangs, R4xx fire drills (R619 a drill's blind spot), R5xx reference curves
 (R501-R509), R601-R605 MoE router health and data-loader stalls, R620-R629 the schedule across
-resumes; C1xx checkpoints (C120-C139 the Checkpointer, C150-C159 resume), C2xx object storage;
+resumes, R701-R709 goodput planning (`trainguard plan`); C1xx checkpoints (C120-C139 the
+Checkpointer, C150-C159 resume), C2xx object storage;
 D1xx corpus and shards, D2xx dedup, filters (D210-D249) and contamination (D250-D259), D3xx
 shuffle quality; T1xx tokenizer; E1xx evaluation and scaling.
 
