@@ -97,6 +97,9 @@ def test_sampler_steps_are_whole_numbers_it_can_address() -> None:
         s.batch_ids(1.7)  # was truncated to step 1
     with pytest.raises(ConfigError, match="step"):
         s.set_step(2.5)
+    with pytest.raises(ConfigError, match="step"):
+        s.skip([1.5])  # was the block of step 1
+    assert s.skipped_positions == []
     with pytest.raises(ConfigError, match="past the last step"):
         s.batch_ids(2**63)  # was an OverflowError from numpy
     assert s.batch_ids(2**60).shape == (4,)  # far, but addressable

@@ -183,7 +183,7 @@ class ElasticSampler(Sampler[int]):
         does): skipping an earlier step would move every later step's batch. Returns the
         position ranges [start, end) recorded.
         """
-        blocks = sorted({self.block(int(s)) for s in steps})  # all read before any is added
+        blocks = sorted({self.block(s) for s in steps})  # all read before any is added
         for b in blocks:
             i = bisect.bisect_left(self._skipped, b)
             if i == len(self._skipped) or self._skipped[i] != b:
