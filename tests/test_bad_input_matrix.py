@@ -149,6 +149,14 @@ ROWS = [
         *("run", "{tiny}", "--run-dir", "{out}/r", "--set", "reference.path={out}/none.json"),
         says=NOT_EXIST,
     ),
+    # issue 26: values
+    row(
+        "run-max-steps-true", "run", "{tiny}", "--set", "train.max_steps=true", says=("max_steps",)
+    ),
+    row("run-lr-true", "run", "{tiny}", "--set", "train.lr=true", says=("train.lr", "number")),
+    row("run-max-steps-float", "run", "{tiny}", "--set", "train.max_steps=8.0", says=("integer",)),
+    row("run-async-save-one", "run", "{tiny}", "--set", "checkpoint.async_save=1", says=("bool",)),
+    row("run-recipe-empty", "run", "{empty_recipe}", "--run-dir", "{out}/r", says=("empty",)),
     # --- batch ------------------------------------------------------------------------------
     row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
     row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),
@@ -706,6 +714,25 @@ ROWS = [
         says=("regular expression",),
     ),
     row("eval-target-missing", "eval", "{out}/nothing", says=NOT_EXIST),
+    # issue 26: values
+    *[
+        row(f"eval-mc-{name}", "eval", "{empty_run}", "--spec", f"{{spec_mc_{name}}}", says=says)
+        for name, says in [
+            ("gold_7", ("E117", "gold=7 with 2 choices", "example 0")),
+            ("gold_negative", ("E117", "gold=-1 with 2 choices", "example 0")),
+            ("gold_bool", ("line 1", "'gold' of type int")),
+            ("choices_mixed", ("line 1", "choices", "strings")),
+            ("choices_empty", ("line 1", "choices", "empty")),
+        ]
+    ],
+    *[
+        row(
+            f"eval-max-examples-{n}",
+            *("eval", "{empty_run}", "--max-examples", n),
+            says=("--max-examples", "greater than or equal to"),
+        )
+        for n in ("-3", "0")
+    ],
     # --- eval lint ------------------------------------------------------------------------
     row("eval-lint-spec-not-utf8", "eval", "lint", "{spec_bad}", says=("UTF-8",)),
     row("eval-lint-regex-answer-invalid", "eval", "lint", "{spec_regex}", exit=1, says=("E118",)),
@@ -716,6 +743,15 @@ ROWS = [
         never_says=NOT_EXIST,
     ),
     row("eval-lint-task-data-not-utf8", "eval", "lint", "{spec_bad_data}", says=("UTF-8",)),
+    # issue 26: values
+    *[
+        row(f"eval-lint-mc-{name}", "eval", "lint", f"{{spec_mc_{name}}}", says=says)
+        for name, says in [
+            ("gold_bool", ("line 1", "'gold' of type int")),
+            ("choices_mixed", ("line 1", "choices", "strings")),
+            ("choices_empty", ("line 1", "choices", "empty")),
+        ]
+    ],
     # --- scale run (every problem is found before the first cell runs) ---------------------
     *[
         row(
@@ -746,6 +782,16 @@ ROWS = [
     # --- scale fit ------------------------------------------------------------------------
     row("scale-fit-csv-not-utf8", "scale", "fit", "{bad_csv}", *FIT, says=("UTF-8",)),
     row("scale-fit-csv-is-a-folder", "scale", "fit", "{inputs}", says=("is a folder",)),
+    # issue 26: values (ten million refits would take 335 GiB)
+    row(
+        "scale-fit-boot-too-many",
+        "scale",
+        "fit",
+        "{runs_csv}",
+        "--boot",
+        "10000000",
+        says=("--boot", "10000"),
+    ),
     row(
         "scale-fit-band-is-input",
         *("scale", "fit", "{runs_csv}", "--predict", "1e9,1e10", "--band", "{runs_csv}", *FIT),
@@ -824,6 +870,15 @@ def make():
     return NanLeak()
 '''
 
+# issue 26: values. Multiple-choice rows (with a context) the scorer cannot use.
+MC_ROWS = {
+    "gold_7": {"choices": ["4", "5"], "gold": 7},
+    "gold_negative": {"choices": ["4", "5"], "gold": -1},
+    "gold_bool": {"choices": ["4", "5"], "gold": True},
+    "choices_mixed": {"choices": ["b", 5], "gold": 0},
+    "choices_empty": {"choices": [], "gold": 0},
+}
+
 WORDS = ("the", "model", "reads", "every", "document", "of", "a", "corpus", "once", "and", "learns")
 
 
@@ -886,6 +941,13 @@ class Workspace:
         _write(inputs / "bad-data.jsonl", b'{"prompt": "caf\xe9", "answer": "x"}\n')
         spec["tasks"][0].update(data="bad-data.jsonl", match="exact")
         p["spec_bad_data"] = _write(inputs / "spec-bad-data.yaml", yaml.safe_dump(spec))
+        # issue 26: values (an empty recipe; multiple-choice rows the scorer cannot use)
+        p["empty_recipe"] = _write(inputs / "empty.yaml", "")
+        for name, mc_row in MC_ROWS.items():
+            _write(inputs / f"mc-{name}.jsonl", json.dumps({"context": "2+2=", **mc_row}) + "\n")
+            task = {"name": "t", "type": "multiple_choice", "data": f"mc-{name}.jsonl"}
+            mc_spec = {"name": "mc", "tasks": [task]}
+            p[f"spec_mc_{name}"] = _write(inputs / f"spec-mc-{name}.yaml", yaml.safe_dump(mc_spec))
         models = p["models"] = inputs / "models"
         models.mkdir()
         _write(models / "nanleak.py", NAN_LEAK_MODEL)

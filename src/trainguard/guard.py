@@ -40,12 +40,13 @@ import contextlib
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainguard.errors import ConfigError
 from trainguard.findings import Finding
+from trainguard.guards.arguments import actions_arg, guards_config, metric_arg, state_arg
 from trainguard.guards.decision import DEVICE_CODES, STRENGTH, Decision
 from trainguard.guards.rollback import checkpointer_findings, restore
 from trainguard.metrics.jsonl import MetricsLog
@@ -74,12 +75,11 @@ DEFAULT_ACTIONS: dict[str, Action] = {
 }
 
 
-def _to_float(x: Any) -> float | None:
-    if x is None:
-        return None
+def _to_float(name: str, x: Any) -> float | None:
+    x = metric_arg(name, x)  # ConfigError naming `name` for a string, a 3-element tensor ...
     if hasattr(x, "detach"):
         return float(x.detach().float().cpu().item())  # deliberate host sync: one per metric
-    return float(x)
+    return x
 
 
 def grad_norm_of(model: Any) -> float:
@@ -97,7 +97,7 @@ class Guard:
         self,
         run_dir: str | Path | None = None,
         actions: dict[str, Action] | None = None,
-        config: GuardsConfig | None = None,
+        config: GuardsConfig | dict[str, Any] | None = None,
         metrics: dict[str, MetricKind] | None = None,
         data_period: float | None = None,
         tensorboard_dir: str | Path | None = None,
@@ -106,10 +106,11 @@ class Guard:
     ) -> None:
         """`run_dir`: findings go to `run_dir/guard.jsonl`. `tensorboard_dir`: every step's
         metrics and findings go to TensorBoard (the `tensorboard` extra); `sinks`: to any
-        other `MetricsSink` (e.g. `trainguard.metrics.wandb_sink.WandbSink`)."""
-        self.config = config or GuardsConfig()
+        other `MetricsSink` (e.g. `trainguard.metrics.wandb_sink.WandbSink`). `config`: a
+        `GuardsConfig` or a dict of its fields (the recipe's `guards` section)."""
+        self.config = guards_config(config)
         self.actions: dict[str, Action] = {**DEFAULT_ACTIONS, **self.config.actions}
-        for code, act in (actions or {}).items():
+        for code, act in actions_arg(actions).items():
             if act not in ACTIONS:
                 raise ConfigError(f"action {act!r} for {code}", f"use one of {ACTIONS}")
             self.actions[code] = act
@@ -193,12 +194,12 @@ class Guard:
         if grad_norm is None and model is not None:
             grad_norm = grad_norm_of(model)
         values: dict[str, float | None] = {
-            "loss": _to_float(loss),
-            "grad_norm": _to_float(grad_norm),
-            "tokens_per_s": _to_float(tokens_per_s),
+            "loss": _to_float("loss", loss),
+            "grad_norm": _to_float("grad_norm", grad_norm),
+            "tokens_per_s": _to_float("tokens_per_s", tokens_per_s),
         }
         for k, v in metrics.items():
-            values[k] = _to_float(v)
+            values[k] = _to_float(k, v)
         values |= self._phase_times(data_time_s, step_time_s)
         if router_stats:
             values |= router_summary(router_stats)
@@ -218,7 +219,10 @@ class Guard:
         self._last_step_at, self._data_time, self._timed_data = now, 0.0, False
         if data_time_s is None:
             return {}
-        return {"data_time_s": _to_float(data_time_s), "step_time_s": _to_float(step_time_s)}
+        return {
+            "data_time_s": _to_float("data_time_s", data_time_s),
+            "step_time_s": _to_float("step_time_s", step_time_s),
+        }
 
     def _judge(
         self, step: int, values: dict[str, float | None], router_stats: RouterStats | None = None
@@ -280,6 +284,7 @@ class Guard:
         if grad_norm is None and model is not None:
             grad_norm = grad_norm_tensor(model)
         values = {"loss": loss, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, **metrics}
+        values = {k: metric_arg(k, v) for k, v in values.items()}  # shapes only: no sync
         values |= self._phase_times(data_time_s, step_time_s)  # R605 as in `step` (host floats)
         # R601-R604: the stats, or a function that reads them, called when the step is read back
         # (`flush`), so that the step itself never waits for the device.
@@ -511,13 +516,27 @@ class Guard:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: restore the windows and the action counters."""
-        self.monitors.load_state_dict(state.get("monitors", {}))
-        self._load_health(state)
-        self.rollbacks = int(state.get("rollbacks", 0))
-        self.skipped = int(state.get("skipped", 0))
-        self.recent_bad = deque(int(s) for s in state.get("recent_bad", []))
-        self.history = list(state.get("history", []))
+        """Resume: restore the windows and the action counters. ConfigError when `state` is
+        not what `state_dict()` returned; the guard is then left as it was."""
+        state = state_arg(state)
+        try:  # into fresh parts first, so that a damaged state changes nothing
+            monitors = MonitorSet(self.monitors.config, self.monitors.metrics)
+            monitors.set_data_period(self._data_period())
+            monitors.load_state_dict(state.get("monitors", {}))
+            counters = (
+                int(state.get("rollbacks", 0)),
+                int(state.get("skipped", 0)),
+                deque(int(s) for s in state.get("recent_bad", [])),
+                list(state.get("history", [])),
+            )
+            moe, loader = self._health_parts(state)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+            raise ConfigError(
+                f"Guard.load_state_dict(state): state is not a Guard.state_dict() ({e!r:.120})",
+                "pass the guard's state as saved in the checkpoint (state['guard'])",
+            ) from None
+        self.monitors, self.moe, self.loader = monitors, moe, loader
+        self.rollbacks, self.skipped, self.recent_bad, self.history = counters
         if self.distributed is not None and "distributed" in state:
             self.distributed.load_state_dict(state["distributed"])
 
@@ -535,12 +554,19 @@ class Guard:
         self.recent_bad.clear()
 
     def _load_health(self, state: dict[str, Any]) -> None:
-        """The MoE and loader detectors' state (absent in checkpoints from before them)."""
-        self.moe = MoEHealthDetector(self.config)
-        self.moe.load_state_dict(state.get("moe", {}))
-        self.loader = LoaderStallDetector(self.config)
+        self.moe, self.loader = self._health_parts(state)
+
+    def _health_parts(
+        self, state: Mapping[str, Any]
+    ) -> tuple[MoEHealthDetector, LoaderStallDetector]:
+        """The MoE and loader detectors with their state (absent in checkpoints from before
+        them)."""
+        moe = MoEHealthDetector(self.config)
+        moe.load_state_dict(state.get("moe", {}))
+        loader = LoaderStallDetector(self.config)
         if "loader" in state:
-            self.loader.load_state_dict(state["loader"])
+            loader.load_state_dict(state["loader"])
+        return moe, loader
 
     def _data_period(self) -> float | None:
         from trainguard.monitors.oscillation import OscillationDetector

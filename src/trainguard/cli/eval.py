@@ -67,7 +67,9 @@ def eval_run(
     spec: list[str] = typer.Option(
         None, "--spec", help="Spec file or shipped name; repeatable. Default: the recipe's."
     ),
-    max_examples: int | None = typer.Option(None, help="Examples per task at most."),
+    max_examples: int | None = typer.Option(
+        None, min=1, help="Examples per task at most (1 or more). Default: the recipe's."
+    ),
     device: str = typer.Option("cpu", help="torch device."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -75,13 +77,13 @@ def eval_run(
     from trainguard.config.evals import EvalsConfig
     from trainguard.evals.load import open_for_eval
     from trainguard.evals.runner import run_evals
-    from trainguard.evals.spec import check_answers, load_spec
+    from trainguard.evals.spec import check_examples, load_spec
 
     _check_device(device)
     # Specs named here are checked before the model loads: bad input fails at once.
     given = [load_spec(s) for s in spec or []]
     for s in given:
-        check_answers(s)
+        check_examples(s)
     opened = open_for_eval(target, device=device)
     if opened.model is None:  # every candidate failed verification: the findings say why
         emit(opened.findings, as_json, extra={"checkpoint": None}, title="Evals")

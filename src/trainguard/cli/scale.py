@@ -11,6 +11,7 @@ from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit
 from trainguard.config.schema import SEED_MAX
 from trainguard.errors import BadInputError
+from trainguard.scaling import MAX_BOOT
 from trainguard.util.atomic import check_writable
 from trainguard.util.paths import refuse_overwrite
 
@@ -65,7 +66,9 @@ def register(app: typer.Typer) -> None:
     def scale_fit(
         runs: Path = typer.Argument(..., help="CSV with params,tokens,loss columns."),
         predict: list[str] = typer.Option(None, "--predict", help="N,D to predict; repeatable."),
-        boot: int = typer.Option(200, "--boot", min=0, help="Bootstrap refits."),
+        boot: int = typer.Option(
+            200, "--boot", min=0, max=MAX_BOOT, help="Bootstrap refits (memory grows with them)."
+        ),
         level: float = typer.Option(0.95, "--level", min=0.5, max=0.999, help="Band coverage."),
         plot: Path = typer.Option(None, "--plot", help="Write a PNG of data, fit and band."),
         seed: int = typer.Option(0, "--seed", min=0, max=SEED_MAX, help="Bootstrap seed."),

@@ -3,10 +3,12 @@ CLI's start-up) does not import it."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from trainguard.util.strict import StrictModel
 
 
-class DistributedConfig(BaseModel):
+class DistributedConfig(StrictModel):
     """The recipe's `distributed` section: only read when the run has more than one process."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)

@@ -38,7 +38,9 @@ def render_markdown() -> str:
         "",
         "Generated from `trainguard.config.schema` by `python -m trainguard.config > "
         "docs/recipes.md`. Every key can be set in a recipe YAML or with "
-        "`trainguard run --set key=value`; unknown keys are rejected.",
+        "`trainguard run --set key=value`; unknown keys are rejected, and types are strict: "
+        "an int key takes a whole number (not `true`, not `8.0`), a float key a number (not "
+        "`true`; `3e-4` as YAML reads it is fine), a bool key `true` or `false` (not `1`).",
         "",
         "| key | type | default | meaning |",
         "|---|---|---|---|",

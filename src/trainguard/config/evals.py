@@ -4,10 +4,12 @@ Pure pydantic (the config floor): `evals/` reads it, it imports nothing of `eval
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from trainguard.util.strict import StrictModel
 
 
-class _Section(BaseModel):
+class _Section(StrictModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 

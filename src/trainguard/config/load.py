@@ -53,14 +53,21 @@ def read_recipe_yaml(
     path: str | Path, what: str = "recipe file", fix: str = "", *, text: str | None = None
 ) -> dict[str, Any]:
     """A recipe file (or its `text`) as a raw dict; ConfigError (exit 2) naming what is wrong:
-    missing, a folder, not UTF-8, not YAML, not a mapping."""
+    missing, a folder, not UTF-8, not YAML, empty, not a mapping."""
     fix = fix or f"give a path to a YAML recipe or one of the shipped names: {shipped_recipes()}"
     if text is None:
         text = read_text(path, what, fix, ConfigError)
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{what} {path} is not valid YAML: {e}", fix) from None
+    if raw is None:
+        # An empty file (or only comments) is a truncated or unwritten recipe, not a request
+        # for the schema's defaults under the name "default"; `{}` asks for those explicitly.
+        raise ConfigError(
+            f"{what} {path} is empty (no settings at all)",
+            f"{fix}; a recipe of only the defaults is written `{{}}`",
+        )
     if not isinstance(raw, dict):
         raise ConfigError(f"{what} {path} must be a mapping of sections (see docs/recipes.md)", fix)
     return raw
@@ -147,6 +154,16 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
         node = node[key]
 
 
+# What a value of each type looks like, for the fix line of a strict-type error (StrictModel:
+# no boolean is a number, no float a count, no 1 a boolean).
+_EXPECTED = {
+    "int_type": "a whole number (e.g. 300), not true/false or a fraction",
+    "float_type": "a number (e.g. 3e-4 or 0.5), not true/false",
+    "bool_type": "true or false",
+    "string_type": "a string (quote it in YAML)",
+}
+
+
 def _format_validation_error(e: ValidationError, origin: str) -> ConfigError:
     problems, fixes = [], []
     for err in e.errors():
@@ -166,7 +183,7 @@ def _format_validation_error(e: ValidationError, origin: str) -> ConfigError:
             fixes.append(f"{key} must be one of {err['ctx']['expected']}")
         else:
             problems.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
-            fixes.append(f"set {key} to a valid value")
+            fixes.append(f"set {key} to {_EXPECTED.get(err['type'], 'a valid value')}")
     return ConfigError(f"invalid recipe ({origin}): " + "; ".join(problems), "; ".join(fixes))
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from trainguard.config.distributed import DistributedConfig
 from trainguard.config.evals import EvalsConfig
 from trainguard.metrics.config import MetricsConfig
 from trainguard.monitors.config import GuardsConfig
+from trainguard.util.strict import StrictModel
 
 SEED_MAX = 2**63 - 1
 """Seeds are 0..2**63-1: what torch, numpy and Python's random all accept."""
@@ -22,8 +23,9 @@ LR_MAX = 10.0
 """A learning rate above this is a typo (3e1 for 3e-1), not a setting."""
 
 
-class _Section(BaseModel):
+class _Section(StrictModel):
     # No NaN or infinity in any number of a recipe: they only ever come from a typo or a bug.
+    # Strict types (StrictModel): `true` is no step count, 8.5 no batch size.
     model_config = ConfigDict(
         extra="forbid", use_attribute_docstrings=True, frozen=False, allow_inf_nan=False
     )

@@ -26,10 +26,19 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from trainguard.config.schema import SEED_MAX
 from trainguard.data.order import ElasticOrder, batch_hash, rank_slice
-from trainguard.errors import BadInputError
+from trainguard.errors import BadInputError, ConfigError
+from trainguard.util.strict import int_arg, optional_int_arg
 
 STATE_VERSION = 1
+
+POSITION_MAX = 2**63 - 1  # sample ids and positions are int64
+
+
+def _step_arg(step: object) -> int:
+    """A step number, checked at the boundary: an int >= 0 (1.7 is not step 1)."""
+    return int_arg("step", step, low=0, fix="steps count from 0 in whole numbers")
 
 
 def _default_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -58,11 +67,20 @@ class ElasticSampler(Sampler[int]):
         max_steps: int | None = None,
         micro_batch_size: int | None = None,
     ) -> None:
-        if global_batch_size < 1:
-            raise BadInputError(
-                f"global_batch_size must be at least 1, got {global_batch_size}",
-                "pass the number of samples one optimizer step consumes over all ranks",
-            )
+        # Types first, at the public boundary: a float is refused (8.5 is no batch size), not
+        # truncated; a bool is no count.
+        num_samples = int_arg("num_samples", num_samples, fix="pass len(dataset)")
+        global_batch_size = int_arg(
+            "global_batch_size",
+            global_batch_size,
+            low=1,
+            fix="pass the number of samples one optimizer step consumes over all ranks",
+        )
+        seed = int_arg("seed", seed, low=0, high=SEED_MAX, fix=f"pass a seed in 0..{SEED_MAX}")
+        rank = optional_int_arg("rank", rank)
+        world_size = optional_int_arg("world_size", world_size)
+        max_steps = optional_int_arg("max_steps", max_steps)
+        micro_batch_size = optional_int_arg("micro_batch_size", micro_batch_size)
         if num_samples < global_batch_size:
             raise BadInputError(
                 f"the dataset has {num_samples} samples, fewer than one global batch of "
@@ -119,13 +137,18 @@ class ElasticSampler(Sampler[int]):
     def block(self, step: int) -> int:
         """The index of the block of `global_batch_size` positions that step `step` reads:
         the step-th block that is not skipped."""
-        if step < 0:
-            raise BadInputError(f"steps count from 0, got {step}")
-        b = int(step)
+        b = _step_arg(step)
         for skipped in self._skipped:  # sorted: each skipped block at or before b pushes b on
             if skipped > b:
                 break
             b += 1
+        if (b + 1) * self.global_batch_size > POSITION_MAX:
+            last = POSITION_MAX // self.global_batch_size - 1 - len(self._skipped)
+            raise ConfigError(
+                f"step {step} is past the last step the order can address ({last}: positions "
+                f"are int64, {self.global_batch_size} per step)",
+                "pass a step number a run can reach",
+            )
         return b
 
     def position(self, step: int) -> int:
@@ -160,7 +183,7 @@ class ElasticSampler(Sampler[int]):
         does): skipping an earlier step would move every later step's batch. Returns the
         position ranges [start, end) recorded.
         """
-        blocks = sorted({self.block(int(s)) for s in steps})  # all read before any is added
+        blocks = sorted({self.block(s) for s in steps})  # all read before any is added
         for b in blocks:
             i = bisect.bisect_left(self._skipped, b)
             if i == len(self._skipped) or self._skipped[i] != b:
@@ -176,9 +199,7 @@ class ElasticSampler(Sampler[int]):
     # -- iteration -----------------------------------------------------------------------------
     def set_step(self, step: int) -> None:
         """The next `iter()` starts at step `step` (the number of completed steps)."""
-        if step < 0:
-            raise BadInputError(f"steps count from 0, got {step}")
-        self._start = int(step)
+        self._start = _step_arg(step)
 
     def __iter__(self) -> Iterator[int]:
         step = self._start  # fixed now: later set_step calls affect only later iterators
@@ -207,15 +228,25 @@ class ElasticSampler(Sampler[int]):
         """Adopt a saved order: its seed and skips. The dataset size and the global batch size
         must be this sampler's (a different value would read other samples); the rank count
         may differ."""
+        fix = "load the state an ElasticSampler saved"
         try:
-            seed = int(state["seed"])
-            num_samples = int(state["num_samples"])
-            global_batch = int(state["global_batch_size"])
-            ranges = [(int(a), int(b)) for a, b in state.get("skipped_positions", [])]
-        except (KeyError, TypeError, ValueError):
-            raise BadInputError(
-                f"sampler state {state!r} is not an ElasticSampler state_dict()",
-                "load the state an ElasticSampler saved",
+            # Integers as saved: a float or a bool here is a damaged or foreign state, and
+            # int() would truncate it into another order.
+            seed = int_arg("state['seed']", state["seed"], low=0, high=SEED_MAX, fix=fix)
+            num_samples = int_arg("state['num_samples']", state["num_samples"], fix=fix)
+            global_batch = int_arg("state['global_batch_size']", state["global_batch_size"])
+            ranges = [
+                (
+                    int_arg("a skipped position", a, low=0, high=POSITION_MAX, fix=fix),
+                    int_arg("a skipped position", b, low=0, high=POSITION_MAX, fix=fix),
+                )
+                for a, b in state.get("skipped_positions", [])
+            ]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ConfigError(
+                f"load_state_dict(state): state {state!r:.200} is not an ElasticSampler "
+                "state_dict()",
+                fix,
             ) from None
         if num_samples != self.num_samples:
             raise BadInputError(

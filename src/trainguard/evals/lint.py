@@ -26,7 +26,14 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from trainguard.evals.scoring import encode_context, encode_continuation
-from trainguard.evals.spec import EvalSpec, TaskSpec, answer_error, load_spec, task_rows
+from trainguard.evals.spec import (
+    EvalSpec,
+    TaskSpec,
+    answer_error,
+    gold_error,
+    load_spec,
+    task_rows,
+)
 from trainguard.findings import Finding
 
 DOC_START = "<|endoftext|>"
@@ -119,9 +126,9 @@ def _lint_row(col: _Collector, task: TaskSpec, i: int, row: dict[str, Any], tok,
         dupes = sorted({c for c in choices if choices.count(c) > 1})
         if dupes:
             col.add("E116", i, f"duplicate choices {dupes!r}")
-        gold = row["gold"]
-        if not 0 <= gold < len(choices):
-            col.add("E117", i, f"gold={gold} with {len(choices)} choices", gold=gold)
+        problem = gold_error(task, row)
+        if problem:
+            col.add("E117", i, problem, gold=row["gold"])
     elif task.type == "generation":
         if not row["answer"].strip():
             col.add("E115", i, "the answer is empty")

@@ -31,7 +31,7 @@ from trainguard.evals.scoring import (
 from trainguard.evals.spec import (
     EvalSpec,
     TaskSpec,
-    check_answers,
+    check_examples,
     load_spec,
     task_rows,
 )
@@ -130,7 +130,7 @@ def run_evals(
     results = EvalResults()
     loaded = [load_spec(s) for s in specs]
     for spec in loaded:
-        check_answers(spec)  # bad input fails before the first forward, not halfway through
+        check_examples(spec)  # bad input fails before the first forward, not halfway through
     try:
         for spec in loaded:
             for task in spec.tasks:

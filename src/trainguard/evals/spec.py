@@ -32,18 +32,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from trainguard.config.evals import EvalsConfig
 from trainguard.errors import BadInputError
 from trainguard.util.inputs import read_text, require_file
+from trainguard.util.strict import StrictModel, int_arg
 
 
 class EvalSpecError(BadInputError):
     """An eval spec or its data is missing or malformed."""
 
 
-class _Model(BaseModel):
+class _Model(StrictModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
@@ -166,17 +167,45 @@ def read_task_data(spec: EvalSpec, task: TaskSpec) -> list[dict[str, Any]]:
                 f"{path} line {i} is not JSON: {e}", "one JSON object per line"
             ) from None
         need = _REQUIRED[task.type]
+        shape = json.dumps({k: t.__name__ for k, t in need.items()})
         for key, typ in need.items():
-            if not isinstance(row, dict) or not isinstance(row.get(key), typ):
-                shape = json.dumps({k: t.__name__ for k, t in need.items()})
+            value = row.get(key) if isinstance(row, dict) else None
+            # bool is an int to Python, not a choice index to anyone
+            if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
                 raise EvalSpecError(
                     f"{path} line {i}: {task.type} rows need {key!r} of type {typ.__name__}",
                     f"rows look like {shape}",
                 )
+        problem = choices_error(task, row)
+        if problem:
+            raise EvalSpecError(f"{path} line {i}: {problem}", f"rows look like {shape}")
         rows.append(row)
     if not rows:
         raise EvalSpecError(f"{path} holds no examples", "add at least one JSONL row")
     return rows
+
+
+def choices_error(task: TaskSpec, row: dict[str, Any]) -> str | None:
+    """Why a multiple-choice row's `choices` cannot be scored (not a non-empty list of
+    strings), else None: a row the scorer would crash on is bad input, not a finding."""
+    if task.type != "multiple_choice":
+        return None
+    choices = row["choices"]
+    if not choices:
+        return "`choices` is empty: there is nothing to choose from"
+    bad = [c for c in choices if not isinstance(c, str)]
+    if bad:
+        return f"`choices` must all be strings, got {bad[0]!r} ({type(bad[0]).__name__})"
+    return None
+
+
+def gold_error(task: TaskSpec, row: dict[str, Any]) -> str | None:
+    """Why a multiple-choice row's `gold` names no choice (E117), else None. Python would
+    read -1 as the last choice; the gold index counts from 0, so -1 is out of range."""
+    if task.type != "multiple_choice":
+        return None
+    gold, n = row["gold"], len(row["choices"])
+    return None if 0 <= gold < n else f"gold={gold} with {n} choices"
 
 
 def answer_error(task: TaskSpec, row: dict[str, Any]) -> str | None:
@@ -190,28 +219,46 @@ def answer_error(task: TaskSpec, row: dict[str, Any]) -> str | None:
     return None
 
 
-def check_answers(spec: EvalSpec) -> None:
-    """EvalSpecError for the first answer that cannot be matched: checked before any scoring,
-    so a bad regex fails the command at once rather than after the other tasks ran."""
+def check_examples(spec: EvalSpec) -> None:
+    """EvalSpecError for the first example that cannot be scored: a regex answer that does not
+    compile (E118), a gold index out of range (E117; `eval lint` reports both as findings).
+    Checked before any scoring, so bad input fails the command at once rather than after the
+    other tasks ran, and never scores a row whose right answer is no choice."""
+    fixes = {
+        "E117": "set `gold` to the 0-based index of the right choice (0 to the number of "
+        "choices - 1)",
+        "E118": "fix the pattern (escape literal characters with \\), or use `match: exact` "
+        "or `match: contains` for literal answers",
+    }
     for task in spec.tasks:
-        if task.data is None or task.type != "generation" or task.match != "regex":
+        if task.data is None or task.type == "perplexity":
+            continue
+        if task.type == "generation" and task.match != "regex":
             continue
         for i, row in enumerate(read_task_data(spec, task)):
-            problem = answer_error(task, row)
-            if problem:
-                raise EvalSpecError(
-                    f"eval spec {spec.path or spec.name}, task {task.name!r} example {i}: "
-                    f"{problem}",
-                    "fix the pattern (escape literal characters with \\), or use "
-                    "`match: exact` or `match: contains` for literal answers",
-                )
+            for code, problem in (
+                ("E117", gold_error(task, row)),
+                ("E118", answer_error(task, row)),
+            ):
+                if problem:
+                    raise EvalSpecError(
+                        f"{code}: eval spec {spec.path or spec.name}, task {task.name!r} "
+                        f"example {i}: {problem}",
+                        fixes[code],
+                    )
 
 
 def task_rows(
     spec: EvalSpec, task: TaskSpec, data: Any | None = None, max_examples: int | None = None
 ) -> list[dict[str, Any]]:
-    """The task's examples: its JSONL rows, or the builtin's generated rows."""
+    """The task's examples: its JSONL rows, or the builtin's generated rows; the first
+    `max_examples` of them (at least 1; None: all)."""
     from trainguard.evals.builtin import builtin_rows
+
+    if max_examples is not None:
+        # A negative slice would drop examples from the end, 0 would score none and report
+        # an accuracy of 0.0: both are refused.
+        int_arg("max_examples", max_examples, low=1, fix="pass max_examples >= 1, or None for all")
 
     if task.builtin is not None:
         rows = builtin_rows(task.builtin, data, task.options)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from trainguard.util.strict import StrictModel
 
 
-class MetricsConfig(BaseModel):
+class MetricsConfig(StrictModel):
     """The recipe's `metrics` section. `metrics.jsonl` is always written; these add viewers."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)

@@ -14,16 +14,17 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from trainguard.codes import resolve
+from trainguard.util.strict import StrictModel
 
 Action = Literal["apply", "skip", "rollback", "halt"]
 ACTIONS: tuple[str, ...] = ("apply", "skip", "rollback", "halt")
 """What the loop does with a step's update, weakest first (`guards/decision.py`)."""
 
 
-class MonitorsConfig(BaseModel):
+class MonitorsConfig(StrictModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     spike_window: int = Field(64, ge=8)

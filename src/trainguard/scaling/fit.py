@@ -34,7 +34,9 @@ from scipy.optimize import minimize
 
 from trainguard.errors import BadInputError
 from trainguard.findings import Finding
+from trainguard.scaling import MAX_BOOT
 from trainguard.scaling.lbfgs import minimize_batched
+from trainguard.util.strict import int_arg
 
 HUBER_DELTA = 1e-3
 
@@ -255,7 +257,11 @@ def fit_scaling_law(
     seed: int = 0,
     max_iter: int = 1000,
 ) -> FitResult:
-    """Fit the law to runs (params N, tokens D, final loss L) and bootstrap it over runs."""
+    """Fit the law to runs (params N, tokens D, final loss L) and bootstrap it over runs
+    (`n_boot` refits, at most `MAX_BOOT`)."""
+    n_boot = int_arg(
+        "n_boot", n_boot, low=0, high=MAX_BOOT, fix=f"bootstrap with 0 to {MAX_BOOT} refits"
+    )
     n, d, loss = _validate(params, tokens, losses)
     log_n, log_d, log_l = np.log(n), np.log(d), np.log(loss)
     grid = init_grid()
