@@ -162,6 +162,27 @@ def test_a_killed_launcher_leaves_no_writer_and_the_run_dir_resumes(
     assert trained[-2:] == [last + 1, last + 2]  # resumed after the last checkpoint
 
 
+def test_a_worker_refuses_a_run_dir_its_launcher_does_not_hold(
+    tiny_recipe: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torch_globals
+) -> None:
+    """A worker told that its launcher holds the lock (TRAINGUARD_LOCK_HOLDER) while nobody
+    does: the launcher has ended, so rank 0 refuses instead of taking the lock itself and
+    writing without the job's lock holder (before: it trained the whole run)."""
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+    from trainguard.util.runlock import HOLDER_ENV
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    monkeypatch.setenv(HOLDER_ENV, str(ended.pid))
+    run_dir = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q"])
+    assert res.exit_code == 2, res.output
+    assert "not held by the process that launched this job" in " ".join(res.output.split())
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "metrics.jsonl").exists()
+
+
 # --- the mechanism, without torch -------------------------------------------------------------
 
 _LAUNCHER = textwrap.dedent(

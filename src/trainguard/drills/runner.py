@@ -18,6 +18,7 @@ from typing import Any
 from trainguard.drills.matrix import DrillRow
 from trainguard.errors import BadInputError
 from trainguard.faults import ENV_VAR
+from trainguard.util.processes import check_local_processes, child_env
 
 # The default recipe at drill size: a run takes seconds, yet is long enough for the spike
 # detector (20 steps of history) to act. lr 1e-3 with a 20-step warm-up, because at the
@@ -178,7 +179,8 @@ class DrillContext:
         """One `trainguard run` process in run dir `name` (an existing one resumes); `planted`
         runs it with a subtle software change (`drills/planted.py`, through `cli/_planted.py`)."""
         run_dir = self.run_dir(name)
-        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+        # child_env: the run (and the workers of a --nproc run) end with this process.
+        env = child_env({k: v for k, v in os.environ.items() if k != ENV_VAR})
         if inject:
             env[ENV_VAR] = inject
         module = ["trainguard.cli._planted", planted] if planted else ["trainguard"]
@@ -204,11 +206,14 @@ class DrillContext:
         return RunOutcome(proc.returncode, payload, run_dir, proc.stderr)
 
 
-def run_drills(ctx: DrillContext, names: list[str] | None = None, jobs: int = 1) -> list[DrillRow]:
+def run_drills(
+    ctx: DrillContext, names: list[str] | None = None, jobs: int = 1, oversubscribe: bool = False
+) -> list[DrillRow]:
     """Run the named drills (all by default), the clean one first in the table.
 
     Each drill's final loss is compared with the clean run's. `jobs` > 1 runs drills side by
-    side (each drill's own runs stay sequential).
+    side (each drill's own runs stay sequential). Up to `jobs` times the largest drill's
+    processes run at once: more than the machine holds is bad input unless `oversubscribe`.
     """
     from trainguard.drills.scenarios import DRILLS
 
@@ -223,6 +228,20 @@ def run_drills(ctx: DrillContext, names: list[str] | None = None, jobs: int = 1)
     # Every drill runs this recipe with these settings: a missing recipe or a bad --set is bad
     # input (exit 2) here, not one failed drill per fault.
     load_recipe(ctx.recipe, ctx.settings())
+    widest = max(DRILLS[n].processes for n in names)
+
+    def fewer(fits: int) -> str:
+        if fits >= widest:
+            return f"use --jobs {fits // widest}"
+        wide = [n for n in names if DRILLS[n].processes > fits]
+        return f"leave out {', '.join(wide)} (--only the other drills)"
+
+    check_local_processes(
+        jobs * widest,
+        f"--jobs {jobs}" + (f" with drills of {widest} processes" if widest > 1 else ""),
+        fewer,
+        oversubscribe,
+    )
     # The clean run is the baseline of every loss comparison: always run it.
     if "clean" not in names:
         names.insert(0, "clean")

@@ -25,6 +25,8 @@ class Drill:
     name: str
     fault: str
     fn: Callable[[DrillContext], DrillRow]
+    processes: int = 1
+    """Local processes the drill runs at once (`trainguard run --nproc N`: N)."""
 
     def run(self, ctx: DrillContext) -> DrillRow:
         try:
@@ -38,11 +40,14 @@ class Drill:
 DRILLS: dict[str, Drill] = {}
 
 
-def drill(name: str, fault: str) -> Callable[[Callable[[DrillContext], DrillRow]], Drill]:
-    """Register a drill under `name`; the table shows `fault` as its first column."""
+def drill(
+    name: str, fault: str, processes: int = 1
+) -> Callable[[Callable[[DrillContext], DrillRow]], Drill]:
+    """Register a drill under `name`; the table shows `fault` as its first column. A drill of
+    several local processes says how many (`drill` counts them against the cores)."""
 
     def register(fn: Callable[[DrillContext], DrillRow]) -> Drill:
-        DRILLS[name] = Drill(name, fault, fn)
+        DRILLS[name] = Drill(name, fault, fn, processes)
         return DRILLS[name]
 
     return register
@@ -286,8 +291,11 @@ def low_precision_reduction(ctx: DrillContext) -> DrillRow:
 
 
 from trainguard.drills.doctor_scenarios import DOCTOR_DRILLS  # noqa: E402
+from trainguard.drills.doctor_scenarios import PROCESSES as DOCTOR_PROCESSES  # noqa: E402
 from trainguard.drills.reference_scenarios import REFERENCE_DRILLS  # noqa: E402
 
-for _name, (_fault, _fn) in {**DOCTOR_DRILLS, **REFERENCE_DRILLS}.items():
+for _name, (_fault, _fn) in DOCTOR_DRILLS.items():
+    drill(_name, _fault, DOCTOR_PROCESSES)(_fn)
+for _name, (_fault, _fn) in REFERENCE_DRILLS.items():
     drill(_name, _fault)(_fn)
 import trainguard.drills.multiproc_scenarios  # noqa: E402, F401  (registers the --nproc drills)

@@ -74,12 +74,12 @@ class Machine:
     def too_many(self, count: int) -> str | None:
         """Why `count` processes do not fit here; None when they do."""
         if count > self.cores:
-            return f"and this process may use {self.cores} CPU core(s) (os.sched_getaffinity)"
+            return f"but this process may use {self.cores} CPU core(s) (os.sched_getaffinity)"
         if self.memory is not None and count * PROCESS_MEMORY > self.memory:
             return (
-                f"of at least {PROCESS_MEMORY >> 20} MiB each "
-                f"({count * PROCESS_MEMORY / 2**30:.1f} GiB), and {self.memory / 2**30:.1f} GiB "
-                "of memory is available"
+                f"but they need at least {count * PROCESS_MEMORY / 2**30:.1f} GiB "
+                f"({PROCESS_MEMORY >> 20} MiB each) and {self.memory / 2**30:.1f} GiB of memory "
+                "is available"
             )
         return None
 
@@ -101,8 +101,8 @@ def check_local_processes(
     if why is None:
         return
     raise BadInputError(
-        f"{asked} starts {count} local processes {why}: they would share the machine and "
-        "crawl (nothing was started)",
+        f"{asked} would start {count} local processes, {why}: they would share the machine "
+        "and crawl. Nothing was started",
         f"{fewer(machine.fits())}; or pass --oversubscribe to start them anyway (slower, and "
         "timings mean less)",
     )
