@@ -27,6 +27,8 @@ from runhelpers import run_cli, tiny_recipe_dict
 
 # Processes of the killed job are polled for this long; they end within milliseconds.
 GONE_WITHIN_S = 10.0
+# Two processes on purpose, on a machine of any size (the count rule is tested elsewhere).
+TWO = ["--nproc", "2", *(["--oversubscribe"] if len(os.sched_getaffinity(0)) < 2 else [])]
 
 
 def _stat(pid: int) -> tuple[int, str, str] | None:
@@ -40,12 +42,17 @@ def _stat(pid: int) -> tuple[int, str, str] | None:
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
-    """(pid, start time) of the live children of `pid`."""
+    """(pid, start time) of the live children of `pid` that run `python -m trainguard`."""
     out = []
     for entry in Path("/proc").iterdir():
         st = _stat(int(entry.name)) if entry.name.isdigit() else None
         if st and st[0] == pid and st[1] not in ("Z", "X"):
-            out.append((int(entry.name), st[2]))
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"\0-m\0trainguard\0" in cmdline:
+                out.append((int(entry.name), st[2]))
     return out
 
 
@@ -98,9 +105,9 @@ def test_workers_die_with_a_launcher_killed_at_start_up(
     """SIGKILL of `run --nproc 2` (`doctor --nproc 2`) as soon as its two workers exist: both
     are gone within seconds (before: they went on for minutes, training and saving)."""
     if command == "run":
-        args = ["run", str(tiny_recipe), "--run-dir", str(tmp_path / "run"), "--nproc", "2", "-q"]
+        args = ["run", str(tiny_recipe), "--run-dir", str(tmp_path / "run"), *TWO, "-q"]
     else:
-        args = ["doctor", str(tiny_recipe), "--quick", "--nproc", "2", "--json"]
+        args = ["doctor", str(tiny_recipe), "--quick", *TWO, "--json"]
     launcher = _start(args, tmp_path)
     workers: list[tuple[int, str]] = []
     try:
@@ -134,7 +141,7 @@ def test_a_killed_launcher_leaves_no_writer_and_the_run_dir_resumes(
     path.write_text(yaml.safe_dump(recipe))
     run_dir = tmp_path / "run"
     launcher = _start(
-        ["run", str(path), "--run-dir", str(run_dir), "--nproc", "2", "-q", "--no-evals"], tmp_path
+        ["run", str(path), "--run-dir", str(run_dir), *TWO, "-q", "--no-evals"], tmp_path
     )
     workers: list[tuple[int, str]] = []
     try:
