@@ -49,7 +49,8 @@ about 235 MiB before any work (155 MiB of it its own), and a rank's work comes o
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.5
 
-_watched: str | None = None  # the launcher this process already watches
+# (this process's pid, the launcher it watches): a forked child has no watcher thread.
+_watched: tuple[int, str] | None = None
 
 
 # --- how many ------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def die_with_launcher(token: str | None = None) -> None:
     global _watched
     token = os.environ.get(LAUNCHER_ENV, "") if token is None else token
     pid_text, _, start = token.partition(":")
-    if not pid_text.isdigit() or _watched == token:
+    if not pid_text.isdigit() or _watched == (os.getpid(), token):
         return
     pid = int(pid_text)
     if pid == os.getpid():  # the launcher itself (a command run inside the launching process)
@@ -183,7 +184,7 @@ def die_with_launcher(token: str | None = None) -> None:
     # After the prctl: a launcher that ended before it is seen here (the start-up race).
     if not _alive(pid, start):
         _die()
-    _watched = token
+    _watched = (os.getpid(), token)
     threading.Thread(
         target=_watch, args=(pid, start), name="trainguard-launcher-watch", daemon=True
     ).start()
