@@ -157,6 +157,13 @@ ROWS = [
     row("run-max-steps-float", "run", "{tiny}", "--set", "train.max_steps=8.0", says=("integer",)),
     row("run-async-save-one", "run", "{tiny}", "--set", "checkpoint.async_save=1", says=("bool",)),
     row("run-recipe-empty", "run", "{empty_recipe}", "--run-dir", "{out}/r", says=("empty",)),
+    # issue 26: local process counts (more processes than cores: refused before any start)
+    row(
+        "run-nproc-above-the-cores",
+        *("run", "{tiny}", "--nproc", "100000", "--run-dir", "{out}/r"),
+        *("--set", "train.batch_size=100000"),  # divisible: the count itself is refused
+        says=("--nproc 100000", "CPU core", "--oversubscribe", "nothing was started"),
+    ),
     # --- batch ------------------------------------------------------------------------------
     row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
     row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),
@@ -331,10 +338,16 @@ ROWS = [
         *("check-precision", "--nproc", "1", "--shadow-steps", "0"),
         says=("--nproc 1", "at least 2 processes"),
     ),
-    row(
+    row(  # --oversubscribe: past the cores check, to the open-file limit
         "check-precision-nproc-above-open-file-limit",
-        *("check-precision", "--nproc", "100000000", "--shadow-steps", "0"),
+        *("check-precision", "--nproc", "100000000", "--shadow-steps", "0", "--oversubscribe"),
         says=("--nproc 100000000", "open-file limit"),
+    ),
+    # issue 26: local process counts (more processes than cores: refused before any start)
+    row(
+        "check-precision-nproc-above-the-cores",
+        *("check-precision", "--nproc", "100000", "--shadow-steps", "0"),
+        says=("--nproc 100000", "CPU core", "--oversubscribe"),
     ),
     row("check-precision-seed-2-64", "check-precision", "--seed", str(2**64), says=("--seed",)),
     # --- check-tokenizer ------------------------------------------------------------------
@@ -700,11 +713,23 @@ ROWS = [
         *("--workdir", "{out}/drill"),
         says=("missing.yaml",),
     ),
+    # issue 26: local process counts (more processes than cores: refused before any start)
+    row(
+        "drill-jobs-above-the-cores",
+        *("drill", "--recipe", "{tiny}", "--only", "nan", "--jobs", "100000", *DRILL_DIR),
+        says=("--jobs 100000", "CPU core", "--oversubscribe", "nothing was started"),
+    ),
     # --- doctor ---------------------------------------------------------------------------
     row("doctor-recipe-not-utf8", "doctor", "{bad_recipe}", says=("UTF-8",)),
     row("doctor-seed-negative", "doctor", "{tiny}", "--set", "train.seed=-1", says=("train.seed",)),
     row("doctor-unknown-fault", "doctor", "{tiny}", "--inject", "bogus/r1", says=("--inject",)),
     row("doctor-nproc-zero", "doctor", "{tiny}", "--nproc", "0", says=("--nproc",)),
+    # issue 26: local process counts (more processes than cores: refused before any start)
+    row(
+        "doctor-nproc-above-the-cores",
+        *("doctor", "{tiny}", "--nproc", "100000"),
+        says=("--nproc 100000", "CPU core", "--oversubscribe", "nothing was started"),
+    ),
     # --- eval -----------------------------------------------------------------------------
     row("eval-device-foo", "eval", "{empty_run}", "--device", "foo", says=("--device",)),
     row("eval-spec-not-utf8", "eval", "{empty_run}", "--spec", "{spec_bad}", says=("UTF-8",)),

@@ -56,6 +56,7 @@ def test_cli_nproc_measures_any_size_and_says_when_it_is_too_small() -> None:
     res = run_cli(
         *("check-precision", "--dtype", "bf16", "--world-size", "512", "--elements", "512"),
         *("--nproc", "3", "--shadow-steps", "0", "--json"),
+        "--oversubscribe",  # 3 processes on a 2-core machine: on purpose
     )
     assert res.returncode == 1, res.stderr  # the simulation at 512 ranks is biased (N101)
     payload = json.loads(res.stdout)

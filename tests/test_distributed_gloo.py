@@ -122,6 +122,7 @@ def test_drills_bitflip_straggler_and_hung_rank(tiny_recipe: Path, tmp_path: Pat
         "-q",
         "--nproc",
         "3",
+        "--oversubscribe",  # 3 ranks on a 2-core machine: on purpose (a majority of replicas)
         *CHECKS,
         "--set",
         "train.batch_size=6",

@@ -123,10 +123,12 @@ def test_ten_clean_rounds_raise_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # ~15 s
-def test_more_processes_than_cores_warns_and_runs(tmp_path: Path) -> None:
+def test_more_processes_than_cores_warns_and_runs_with_oversubscribe(tmp_path: Path) -> None:
+    """--oversubscribe: the count above the cores is run on purpose, with the warning and H417
+    (without it the command refuses before starting anything: the bad-input matrix)."""
     one_core = {min(os.sched_getaffinity(0))}
     status, report, stderr = doctor(
-        "--quick", "--nproc", "2", "--json", cwd=tmp_path, affinity=one_core
+        "--quick", "--nproc", "2", "--oversubscribe", "--json", cwd=tmp_path, affinity=one_core
     )
     assert report is not None, stderr[-2000:]
     assert "--nproc 2 on 1 core(s)" in stderr

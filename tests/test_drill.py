@@ -278,7 +278,7 @@ def test_default_recipe_drill_matrix(tmp_path: Path) -> None:
 
     matrix = tmp_path / "matrix.md"
     res = run_cli(
-        "drill", "--json", "--jobs", "2", "--workdir", str(tmp_path / "runs"),
+        "drill", "--json", "--jobs", "2", "--oversubscribe", "--workdir", str(tmp_path / "runs"),
         "--markdown", str(matrix), timeout=3600,
     )  # fmt: skip
     payload = json.loads(res.stdout)

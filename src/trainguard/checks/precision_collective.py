@@ -32,6 +32,7 @@ from trainguard.findings import Finding
 from trainguard.numerics.comm_hook import fp32_accumulate_allreduce, fp32_accumulate_hook
 from trainguard.numerics.reduction import ReductionAudit, dtype_of, entry_scale, fit_with_stderr
 from trainguard.numerics.reduction import simulate_gradients as simulate
+from trainguard.util.processes import die_with_launcher, launcher_token
 
 METHODS = ("all_reduce", "fp32-accumulate", "ddp-fp32-hook")
 
@@ -79,8 +80,18 @@ def reduce_in_group(
 
 
 def _worker(
-    rank: int, world: int, port: int, dtype: str, n: int, seed: int, out: str, ddp: bool
+    rank: int,
+    world: int,
+    port: int,
+    dtype: str,
+    n: int,
+    seed: int,
+    out: str,
+    ddp: bool,
+    launcher: str,
 ) -> None:
+    # A child of the fork server, not of the command: it watches the command itself.
+    die_with_launcher(launcher)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -131,12 +142,13 @@ def collective_results(
     timeout = 120.0 + 3.0 * world_size if timeout is None else timeout
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "rank0.pt")
-        args = (world_size, free_port(), dtype, n_elements, seed, out, ddp)
+        args = (world_size, free_port(), dtype, n_elements, seed, out, ddp, launcher_token())
         # A fork server imports torch once per session; each worker then forks from it in a
         # fraction of a second instead of re-importing torch, and never inherits a parent's
         # OpenMP thread pool. (Preloading torch._dynamo, which DDP imports, can deadlock the
         # fork: its import starts threads.)
         multiprocessing.set_forkserver_preload([__name__])
+        ctx = None
         try:
             ctx = mp.start_processes(
                 _worker, args=args, nprocs=world_size, start_method="forkserver", join=False
@@ -144,8 +156,6 @@ def collective_results(
             deadline = time.monotonic() + timeout
             while not ctx.join(timeout=1.0):
                 if time.monotonic() > deadline:
-                    for p in ctx.processes:
-                        p.kill()
                     raise TimeoutError(f"no result after {timeout:.0f} s")
         except Exception as e:  # a worker died or hung: surface it as a clear error
             raise CollectiveError(
@@ -153,6 +163,10 @@ def collective_results(
                 "check that 127.0.0.1 accepts local TCP connections and that torch.distributed "
                 "is available",
             ) from e
+        finally:  # a timeout, a failed peer, Ctrl-C: no worker outlives the measurement
+            for p in ctx.processes if ctx is not None else ():
+                if p.is_alive():
+                    p.kill()
         return torch.load(out, weights_only=True)
 
 

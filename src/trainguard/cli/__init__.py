@@ -60,6 +60,9 @@ _register_commands()
 
 def main() -> None:
     from trainguard.cli._signals import graceful_interrupts
+    from trainguard.util.processes import die_with_launcher
+
+    die_with_launcher()  # a worker of a trainguard launcher ends with it (util/processes.py)
 
     with graceful_interrupts():
         app()

@@ -46,6 +46,15 @@ def register(app: typer.Typer) -> None:
                 "under torchrun: every rank joins, rank 0 reports.",
             ),
         ] = None,
+        oversubscribe: Annotated[
+            bool,
+            typer.Option(
+                "--oversubscribe",
+                help="With --nproc or --collective: start more processes than this machine "
+                "has cores (or memory for) anyway; without it such a count is refused before "
+                "anything starts.",
+            ),
+        ] = False,
         shadow_steps: Annotated[
             int,
             typer.Option(
@@ -79,9 +88,22 @@ def register(app: typer.Typer) -> None:
             )
         if sizes:
             from trainguard.checks.precision_collective import check_process_count
+            from trainguard.util.processes import check_local_processes
 
-            for n in sizes:
-                check_process_count(n)  # bad input before any work
+            for n in sizes:  # bad input before any work; the sizes run one after the other
+                if n >= 2:
+                    asked = f"--nproc {n}" if n in (nproc or ()) else f"--collective ({n} ranks)"
+                    check_local_processes(
+                        n,
+                        asked,
+                        lambda fits: (
+                            f"measure at most {fits} processes here (--nproc "
+                            f"{max(fits, 2)}), and more under torchrun across machines (every rank "
+                            "joins, rank 0 reports)"
+                        ),
+                        oversubscribe,
+                    )
+                check_process_count(n)
         findings, audit = check_reduction(dtype, world_size, algorithm, elements, seed)
         extra: dict = {"reduction": audit.to_dict()}
         measured: list = []

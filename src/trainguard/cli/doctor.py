@@ -37,13 +37,6 @@ _FIGURES = (
 )
 
 
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _check_storage_url(plan: Any) -> None:
     """A URL whose fsspec backend is missing is bad input (exit 2), found before launching.
     Reachability is the doctor's job (a finding), not the command line's."""
@@ -112,12 +105,13 @@ def _report(payload: dict[str, Any], findings: list, as_json: bool) -> None:
 def _launch(nproc: int, worker: list[str], as_json: bool) -> None:
     from trainguard.findings import Finding
     from trainguard.train.launch import launch
+    from trainguard.util.processes import available_cores
 
     cores = available_cores()
-    if nproc > cores:
+    if nproc > cores:  # only with --oversubscribe (checked before)
         err_console.print(
             f"[yellow]warning:[/] --nproc {nproc} on {cores} core(s): the processes share "
-            "cores, so timings mean less (H417); running anyway",
+            "cores, so timings mean less (H417); running anyway (--oversubscribe)",
             markup=True,
         )
     with tempfile.TemporaryDirectory(prefix="tg-doctor-") as tmp:
@@ -204,6 +198,15 @@ def register(app: typer.Typer) -> None:
             int,
             typer.Option("--repeat", min=1, help="Run every round this many times (one job)."),
         ] = 1,
+        oversubscribe: Annotated[
+            bool,
+            typer.Option(
+                "--oversubscribe",
+                help="With --nproc: start more processes than this machine has cores (or "
+                "memory for) anyway (timings then mean less); without it such a count is "
+                "refused before anything starts.",
+            ),
+        ] = False,
     ) -> None:
         """Every rank tests itself against known answers (compute, memory, collectives,
         storage, environment, GPU health) and rank 0 names the ranks that are wrong, slow or
@@ -215,8 +218,18 @@ def register(app: typer.Typer) -> None:
         resolved = load_recipe(recipe, overrides)
         if nproc is not None:
             from trainguard.train.launch import launch_argv
+            from trainguard.util.processes import check_local_processes
 
             launch_argv(nproc, [])  # --nproc 0: bad input before anything else
+            check_local_processes(
+                nproc,
+                f"--nproc {nproc}",
+                lambda n: (
+                    f"use --nproc {n} or fewer (more ranks: run the doctor under torchrun "
+                    "across machines)"
+                ),
+                oversubscribe,
+            )
         world = nproc if nproc is not None else env_world_size()
         values = list(inject or [])
         rounds = parse_rounds(values * repeat if values else ["none"] * repeat, world)

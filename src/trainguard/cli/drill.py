@@ -48,6 +48,15 @@ def register(app: typer.Typer) -> None:
             int, typer.Option("--steps", min=30, help="Steps of each drill run.")
         ] = 60,
         jobs: Annotated[int, typer.Option("--jobs", min=1, help="Drills run side by side.")] = 1,
+        oversubscribe: Annotated[
+            bool,
+            typer.Option(
+                "--oversubscribe",
+                help="Run more processes at once than this machine has cores (or memory "
+                "for): --jobs times the largest drill's processes (3 for `replica`). Without "
+                "it such a count is refused before any drill starts.",
+            ),
+        ] = False,
         markdown: Annotated[
             Path | None, typer.Option("--markdown", help="Also write the matrix as markdown.")
         ] = None,
@@ -76,7 +85,7 @@ def register(app: typer.Typer) -> None:
         if not as_json:
             console.print(f"running drills in {folder} (each is a real training run)...")
         try:
-            rows = run_drills(ctx, list(only) if only else None, jobs=jobs)
+            rows = run_drills(ctx, list(only) if only else None, jobs, oversubscribe)
         finally:
             if workdir is None and not keep:
                 cleanup(ctx)

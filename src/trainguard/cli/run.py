@@ -157,6 +157,14 @@ def register(app: typer.Typer) -> None:
                 "launcher; gloo on CPU, nccl on GPU). For several machines run under torchrun.",
             ),
         ] = None,
+        oversubscribe: Annotated[
+            bool,
+            typer.Option(
+                "--oversubscribe",
+                help="With --nproc: start more processes than this machine has cores (or "
+                "memory for) anyway; without it such a count is refused before anything starts.",
+            ),
+        ] = False,
         max_restarts: Annotated[
             int,
             typer.Option(
@@ -205,6 +213,7 @@ def register(app: typer.Typer) -> None:
         from trainguard.reference.select import select_reference
         from trainguard.train.launch import check_launch_args
         from trainguard.train.run import run_recipe
+        from trainguard.util.processes import check_local_processes
 
         out = _RunOutput(as_json, quiet)
         folder = run_dir
@@ -236,6 +245,12 @@ def register(app: typer.Typer) -> None:
                         "use a process count that divides train.batch_size (the global batch "
                         "must not depend on the process count)",
                     )
+                check_local_processes(
+                    nproc,
+                    f"--nproc {nproc}",
+                    lambda n: f"use --nproc {n} or fewer (more ranks: torchrun across machines)",
+                    oversubscribe,
+                )
                 worker = ["run", recipe, "--run-dir", str(folder)]
                 for o in overrides or []:
                     worker += ["--set", o]

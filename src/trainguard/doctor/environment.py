@@ -14,6 +14,7 @@ import torch
 
 import trainguard
 from trainguard.doctor.report import LocalResult, RankContext
+from trainguard.util.processes import available_cores
 
 # Variables compared across ranks: a value set on some hosts only is a classic hang.
 COMM_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_")
@@ -147,10 +148,7 @@ def software_versions() -> dict[str, str | None]:
 
 def collect_environment(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if env is None else env
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cores = os.cpu_count() or 1
+    cores = available_cores()  # the cores `--nproc` is checked against, counted the same way
     return {
         "versions": software_versions(),
         "platform": platform.platform(),

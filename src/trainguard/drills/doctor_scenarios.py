@@ -14,7 +14,6 @@ report) instead of hanging or crashing.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,20 +21,23 @@ from typing import Any
 
 from trainguard.drills.matrix import DrillRow
 from trainguard.drills.runner import DrillContext
+from trainguard.util.processes import child_env
 
 RANK = 1
 HANG_TIMEOUT_S = 5
+PROCESSES = 2  # ranks of each doctor job (`drill` counts them against the cores)
 
 
 def run_doctor(ctx: DrillContext, inject: str, *settings: str) -> tuple[int, dict | None, str]:
     """One `trainguard doctor --quick --nproc 2 --json` job: status, report, stderr tail."""
     args = [sys.executable, "-m", "trainguard", "doctor", ctx.recipe, "--quick", "--json"]
-    args += ["--nproc", "2", "--inject", inject]
+    # --oversubscribe: `drill` has checked its jobs' processes against the machine already.
+    args += ["--nproc", str(PROCESSES), "--oversubscribe", "--inject", inject]
     for s in [*ctx.overrides, *settings]:
         args += ["--set", s]
     try:
         proc = subprocess.run(
-            args, capture_output=True, text=True, timeout=ctx.timeout_s, env=dict(os.environ)
+            args, capture_output=True, text=True, timeout=ctx.timeout_s, env=child_env()
         )
     except subprocess.TimeoutExpired:
         return 124, None, f"the doctor did not end within {ctx.timeout_s:.0f}s"

@@ -25,6 +25,8 @@ from trainguard.drills.runner import DrillContext, RunOutcome
 from trainguard.errors import ExitStatus
 
 RANK = 1  # the faulty rank of every multi-process drill
+# Ranks of each drill's job (`drill` counts them against the cores before it starts).
+PROCESSES = {"replica": 3, "straggler": 2, "hung_rank": 2}
 
 # The hung-rank drill's timeouts: the all-reduce gives up after 8 s, the diagnosis barrier
 # waits 4 s more. The single-process hang watchdog (R210) must stay out of the way in every
@@ -70,10 +72,11 @@ class MultiProcRow(DrillRow):
 
 
 def _multiproc(ctx: DrillContext, nproc: int, *settings: str) -> DrillContext:
-    """`ctx` for `trainguard run --nproc N`, with the drill's own settings last (they win)."""
+    """`ctx` for `trainguard run --nproc N`, with the drill's own settings last (they win).
+    --oversubscribe: `drill` has checked its jobs' processes against the machine already."""
     return dataclasses.replace(
         ctx,
-        run_args=(*ctx.run_args, "--nproc", str(nproc)),
+        run_args=(*ctx.run_args, "--nproc", str(nproc), "--oversubscribe"),
         overrides=[*ctx.overrides, f"guards.hang_floor_s={HANG_FLOOR_S}", *settings],
     )
 
@@ -101,7 +104,8 @@ def _wrong_rank(row: DrillRow, code: str, wrong: Findings) -> None:
 
 
 def replica_corruption(ctx: DrillContext) -> DrillRow:
-    nproc, fault_step = 3, ctx.plan.fault_step + 1  # checked at the next even step
+    # The fault is checked at the next even step.
+    nproc, fault_step = PROCESSES["replica"], ctx.plan.fault_step + 1
     mctx = _multiproc(ctx, nproc, "train.batch_size=6", "distributed.replica_check_interval=2")
     inject = f"bitflip@{fault_step}/r{RANK}"
     out = mctx.launch("replica", inject=inject)
@@ -127,7 +131,8 @@ def replica_corruption(ctx: DrillContext) -> DrillRow:
 
 
 def straggler(ctx: DrillContext) -> DrillRow:
-    nproc, fault_step = 2, ctx.plan.fault_step  # after many intervals of history
+    # The fault lands after many intervals of history.
+    nproc, fault_step = PROCESSES["straggler"], ctx.plan.fault_step
     mctx = _multiproc(ctx, nproc, "distributed.straggler_interval=2")
     inject = f"slow@{fault_step}/r{RANK}"
     out = mctx.launch("straggler", inject=inject)
@@ -146,7 +151,7 @@ def straggler(ctx: DrillContext) -> DrillRow:
 
 
 def hung_rank(ctx: DrillContext) -> DrillRow:
-    nproc, fault_step = 2, ctx.plan.fault_step + ctx.plan.interval // 2
+    nproc, fault_step = PROCESSES["hung_rank"], ctx.plan.fault_step + ctx.plan.interval // 2
     mctx = _multiproc(
         ctx,
         nproc,

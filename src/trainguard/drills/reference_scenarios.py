@@ -23,6 +23,7 @@ from typing import Any
 
 from trainguard.drills.matrix import DrillRow
 from trainguard.drills.runner import DrillContext, RunOutcome
+from trainguard.util.processes import child_env
 
 CODES = ("R501", "R502", "R503", "R504", "R505", "H101")
 _lock = threading.Lock()
@@ -48,7 +49,11 @@ def _record(ctx: DrillContext) -> Path | str:
     out = ctx.workdir / "reference.json"
     args = [sys.executable, "-m", "trainguard", "reference", "record", str(base.run_dir)]
     proc = subprocess.run(
-        [*args, "--out", str(out), "--json"], capture_output=True, text=True, timeout=300
+        [*args, "--out", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),
     )
     if proc.returncode != 0:
         return f"reference record exited {proc.returncode}: {proc.stderr.strip()[-400:]}"

@@ -20,6 +20,8 @@ class Drill:
     name: str
     fault: str
     fn: Callable[[DrillContext], DrillRow]
+    processes: int = 1
+    """Local processes the drill runs at once (`trainguard run --nproc N`: N)."""
 
     def run(self, ctx: DrillContext) -> DrillRow:
         try:
@@ -33,11 +35,14 @@ class Drill:
 DRILLS: dict[str, Drill] = {}
 
 
-def drill(name: str, fault: str) -> Callable[[Callable[[DrillContext], DrillRow]], Drill]:
-    """Register a drill under `name`; the table shows `fault` as its first column."""
+def drill(
+    name: str, fault: str, processes: int = 1
+) -> Callable[[Callable[[DrillContext], DrillRow]], Drill]:
+    """Register a drill under `name`; the table shows `fault` as its first column. A drill of
+    several local processes says how many (`drill` counts them against the cores)."""
 
     def register(fn: Callable[[DrillContext], DrillRow]) -> Drill:
-        DRILLS[name] = Drill(name, fault, fn)
+        DRILLS[name] = Drill(name, fault, fn, processes)
         return DRILLS[name]
 
     return register

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainguard.errors import BadInputError
 from trainguard.faults import ENV_VAR
+from trainguard.util.processes import child_env
 
 # The default recipe at drill size: a run takes seconds, yet is long enough for the spike
 # detector (20 steps of history) to act. lr 1e-3 with a 20-step warm-up, because at the
@@ -176,7 +177,8 @@ class DrillContext:
         """One `trainguard run` process in run dir `name` (an existing one resumes); `planted`
         runs it with a subtle software change (`drills/planted.py`, through `cli/_planted.py`)."""
         run_dir = self.run_dir(name)
-        env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+        # child_env: the run (and the workers of a --nproc run) end with this process.
+        env = child_env({k: v for k, v in os.environ.items() if k != ENV_VAR})
         if inject:
             env[ENV_VAR] = inject
         module = ["trainguard.cli._planted", planted] if planted else ["trainguard"]

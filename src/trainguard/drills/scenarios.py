@@ -25,6 +25,7 @@ from trainguard.drills.registry import (
 )
 from trainguard.drills.runner import DrillContext, RunOutcome
 from trainguard.errors import BadInputError, ExitStatus
+from trainguard.util.processes import check_local_processes
 
 
 # --- the drills ---------------------------------------------------------------------------------
@@ -177,18 +178,28 @@ def low_precision_reduction(ctx: DrillContext) -> DrillRow:
 # The other scenario modules' drills, registered here (and only here) after this module's, so
 # that the table's order never depends on which module was imported first.
 from trainguard.drills.doctor_scenarios import DOCTOR_DRILLS  # noqa: E402
+from trainguard.drills.doctor_scenarios import PROCESSES as DOCTOR_PROCESSES  # noqa: E402
 from trainguard.drills.multiproc_scenarios import MULTIPROC_DRILLS  # noqa: E402
+from trainguard.drills.multiproc_scenarios import PROCESSES as MULTIPROC_PROCESSES  # noqa: E402
 from trainguard.drills.reference_scenarios import REFERENCE_DRILLS  # noqa: E402
 
-for _name, (_fault, _fn) in {**DOCTOR_DRILLS, **REFERENCE_DRILLS, **MULTIPROC_DRILLS}.items():
+# A drill of several local processes says how many (`drill` counts them against the cores).
+for _name, (_fault, _fn) in DOCTOR_DRILLS.items():
+    drill(_name, _fault, DOCTOR_PROCESSES)(_fn)
+for _name, (_fault, _fn) in MULTIPROC_DRILLS.items():
+    drill(_name, _fault, MULTIPROC_PROCESSES[_name])(_fn)
+for _name, (_fault, _fn) in REFERENCE_DRILLS.items():
     drill(_name, _fault)(_fn)
 
 
-def run_drills(ctx: DrillContext, names: list[str] | None = None, jobs: int = 1) -> list[DrillRow]:
+def run_drills(
+    ctx: DrillContext, names: list[str] | None = None, jobs: int = 1, oversubscribe: bool = False
+) -> list[DrillRow]:
     """Run the named drills (all by default), the clean one first in the table.
 
     Each drill's final loss is compared with the clean run's. `jobs` > 1 runs drills side by
-    side (each drill's own runs stay sequential).
+    side (each drill's own runs stay sequential). Up to `jobs` times the largest drill's
+    processes run at once: more than the machine holds is bad input unless `oversubscribe`.
     """
     names = list(names or DRILLS)
     unknown = [n for n in names if n not in DRILLS]
@@ -201,6 +212,20 @@ def run_drills(ctx: DrillContext, names: list[str] | None = None, jobs: int = 1)
     # Every drill runs this recipe with these settings: a missing recipe or a bad --set is bad
     # input (exit 2) here, not one failed drill per fault.
     load_recipe(ctx.recipe, ctx.settings())
+    widest = max(DRILLS[n].processes for n in names)
+
+    def fewer(fits: int) -> str:
+        if fits >= widest:
+            return f"use --jobs {fits // widest}"
+        wide = [n for n in names if DRILLS[n].processes > fits]
+        return f"leave out {', '.join(wide)} (--only the other drills)"
+
+    check_local_processes(
+        jobs * widest,
+        f"--jobs {jobs}" + (f" with drills of {widest} processes" if widest > 1 else ""),
+        fewer,
+        oversubscribe,
+    )
     # The clean run is the baseline of every loss comparison: always run it.
     if "clean" not in names:
         names.insert(0, "clean")

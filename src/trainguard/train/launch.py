@@ -14,6 +14,10 @@ run opens no port to the network. With `max_restarts` > 0 the launcher restarts 
 after a failure (a hung rank exits with status 3), and auto-resume continues from the newest
 verified checkpoint: with the same or, after a restart on another machine count, a different
 number of processes (the global batch does not depend on it).
+
+The workers end with this process, however it ends (a SIGKILL included): it names itself to them
+in LAUNCHER_ENV and each one watches it (util/processes.py). The command checks the process
+count against the machine before calling `launch` (`util.processes.check_local_processes`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from trainguard.errors import BadInputError
+from trainguard.util.processes import launcher_env
 
 
 def check_launch_args(nproc: int | None, max_restarts: int) -> None:
@@ -84,7 +89,8 @@ def launch(nproc: int, worker_args: Sequence[str], max_restarts: int = 0) -> int
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = get_args_parser().parse_args(launch_argv(nproc, worker_args, max_restarts)[3:])
     try:
-        run(args)
+        with launcher_env():  # every worker dies with this process (util/processes.py)
+            run(args)
     except ChildFailedError as e:
         _, first = e.get_first_failure()
         sys.stderr.write(e.format_msg() + "\n")

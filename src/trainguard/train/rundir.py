@@ -44,19 +44,33 @@ def hold_run_dir(run_dir: Path, dist: Dist) -> Iterator[FolderLock | None]:
 
     Rank 0 takes it, unless the process that launched the job holds it already (`run --nproc`
     names itself in TRAINGUARD_LOCK_HOLDER; its workers must not wait on their own launcher).
+    A worker whose named launcher does not hold it refuses: the launcher has ended, and the
+    lock would no longer cover the job (its workers end with it: util/processes.py).
     The other ranks take nothing and learn rank 0's verdict, so that a refused job stops on
     every rank at once rather than leaving ranks waiting in a collective.
     """
     lock, refused = None, None
+    launcher = os.environ.get(HOLDER_ENV, "")
     if dist.world.rank == 0:
         try:
             lock = FolderLock(run_dir, "trainguard run").acquire()
         except RunDirBusyError as e:
-            launcher = os.environ.get(HOLDER_ENV, "")
             if not (launcher.isdigit() and held_by(run_dir / LOCK_FILE, int(launcher))):
                 refused = (type(e).__name__, e.message, e.fix)
         except StorageError as e:
             refused = (type(e).__name__, e.message, e.fix)
+        else:
+            if launcher:  # the launcher named as holder does not hold it: it has ended
+                lock.release()
+                lock = None
+                refused = (
+                    "RunDirBusyError",
+                    f"{run_dir}'s lock is not held by the process that launched this job "
+                    f"(pid {launcher}, in {HOLDER_ENV}): it has ended, and its workers must not "
+                    "write without it",
+                    "start the job again with `trainguard run --nproc N` (it resumes from the "
+                    f"last checkpoint); {HOLDER_ENV} is for its workers only",
+                )
     refused = dist.broadcast_object(refused)
     if refused is not None:
         kind, message, fix = refused
