@@ -116,8 +116,9 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def codes(payload: dict) -> dict[str, dict]:
-    return {f["code"]: f for f in payload["findings"]}
+def codes(payload: dict, info: bool = False) -> dict[str, dict]:
+    """Findings by code; info ones (D402: a check that could not run) only with `info`."""
+    return {f["code"]: f for f in payload["findings"] if info or f["severity"] != "info"}
 
 
 def test_clean_dataset_has_no_finding(tmp_path, toks):
@@ -128,7 +129,7 @@ def test_clean_dataset_has_no_finding(tmp_path, toks):
 
 def test_no_training_rendering_is_said_not_compared(tmp_path, toks):
     status, out = check(tmp_path, toks, CLEAN)
-    found = codes(out)
+    found = codes(out, info=True)
     assert status == 0 and set(found) == {"D402"}, found
     assert found["D402"]["severity"] == "info"
 
@@ -329,11 +330,11 @@ def test_packed_row_with_position_reset_passes(tmp_path, toks, two_docs):
     ids, start = two_docs
     positions = list(range(start)) + list(range(len(ids) - start))
     status, out = check(tmp_path, toks, [{"input_ids": ids, "position_ids": positions}])
-    assert (status, out["findings"]) == (0, [])
+    assert (status, codes(out)) == (0, {})
     assert out["stats"]["packed"] == 1
     # declared lengths (TRL's padding-free packing) separate the documents too
     row = {"input_ids": ids, "seq_lengths": [start, len(ids) - start]}
-    assert check(tmp_path, toks, [row])[1]["findings"] == []
+    assert codes(check(tmp_path, toks, [row])[1]) == {}
 
 
 def test_packed_row_masked_but_positions_running_on(tmp_path, toks, two_docs):
@@ -349,3 +350,92 @@ def test_declared_packed_row_with_nothing_separating(tmp_path, toks, hf_tok):
     ids = hf_tok("what is two plus two four", add_special_tokens=False)["input_ids"]
     status, out = check(tmp_path, toks, [{"input_ids": ids * 2, "packed": True}])
     assert status == 1 and set(codes(out)) == {"D412"}
+
+
+# --- a Trainer's dataset and collator ---------------------------------------------------------
+def _tokenized(hf_tok, rows=CLEAN[:2]) -> list[dict]:
+    """Rows as an SFT pipeline leaves them: ids and labels on the assistant's tokens only."""
+    out = []
+    for r in rows:
+        enc = hf_tok.apply_chat_template(
+            r["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
+        ids = list(enc["input_ids"])
+        labels = [t if m else -100 for t, m in zip(ids, enc["assistant_masks"], strict=True)]
+        out.append({"messages": r["messages"], "input_ids": ids, "labels": labels})
+    return out
+
+
+def test_dataset_preflight_with_the_collators_labels(hf_tok):
+    from transformers import DataCollatorForLanguageModeling, DataCollatorForSeq2Seq
+
+    data = _tokenized(hf_tok) * 3
+    assert check_chat_dataset(data, hf_tok, collator=DataCollatorForSeq2Seq(hf_tok)) == []
+    # the language-modelling collator labels every token: the prompt is learned too
+    unlabeled = [{k: r[k] for k in ("messages", "input_ids")} for r in data]
+    lm = DataCollatorForLanguageModeling(hf_tok, mlm=False)
+    found = check_chat_dataset(unlabeled, hf_tok, collator=lm)
+    assert [f.code for f in found] == ["D403"]
+    assert found[0].data["example_ids"] == [0, 1, 2, 3, 4, 5]
+
+
+def test_dataset_preflight_sees_a_collators_packing(hf_tok):
+    from transformers import DataCollatorWithFlattening
+
+    data = _tokenized(hf_tok) * 2
+    assert check_chat_dataset(data, hf_tok, collator=DataCollatorWithFlattening()) == []
+
+    def concatenate(features):  # packs without position ids: examples see each other
+        import torch
+
+        ids = [t for f in features for t in f["input_ids"]]
+        labels = [t for f in features for t in f["labels"]]
+        return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels])}
+
+    found = check_chat_dataset(data, hf_tok, collator=concatenate)
+    assert [f.code for f in found] == ["D412"]
+
+
+def test_guarded_trainer_runs_the_chat_preflight(tmp_path, hf_tok):
+    import torch
+    import transformers
+
+    from trainguard.errors import PreflightFailed
+    from trainguard.guard import Guard
+    from trainguard.integrations.hf import GuardedTrainer
+
+    def trainer(out: Path, data: list[dict], collator) -> GuardedTrainer:
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=320,
+                                         n_positions=64)  # fmt: skip
+        args = transformers.TrainingArguments(
+            output_dir=str(out), max_steps=1, per_device_train_batch_size=2, report_to=[],
+            use_cpu=True, disable_tqdm=True, save_strategy="no",
+        )  # fmt: skip
+        return GuardedTrainer(
+            model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=data,
+            processing_class=hf_tok, data_collator=collator, guard=Guard(run_dir=out),
+            check_chat={"max_length": 64},
+        )  # fmt: skip
+
+    tokens = [{k: r[k] for k in ("input_ids", "labels")} for r in _tokenized(hf_tok)] * 2
+    lm = transformers.DataCollatorForLanguageModeling(hf_tok, mlm=False)
+    bad = trainer(tmp_path / "bad", [{"input_ids": r["input_ids"]} for r in tokens], lm)
+    with pytest.raises(PreflightFailed, match="D403"):
+        bad.train()
+    assert bad.state.global_step == 0
+    assert [f.code for f in bad.chat_findings] == ["D403", "D402"]  # D402: no messages
+    assert '"D403"' in (tmp_path / "bad" / "guard.jsonl").read_text()
+    good = trainer(tmp_path / "good", tokens, transformers.DataCollatorForSeq2Seq(hf_tok))
+    good.train()
+    assert good.state.global_step == 1 and [f.code for f in good.chat_findings] == ["D402"]
+
+
+def test_human_output_shows_user_strings_as_text(tmp_path, toks):
+    """A role like "[/b]" is rich markup: the table prints it as it is, never as markup."""
+    data = _jsonl(tmp_path / "data.jsonl", [conv(("[/b]", "hi"), ("assistant", "four"))])
+    res = CliRunner().invoke(
+        app, ["data", "check-chat", str(data), "--tokenizer", str(toks["plain"])]
+    )
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    assert res.exit_code == 1 and "'[/b]'" in res.output and "D411" in res.output

@@ -66,7 +66,14 @@ class _Checker:
         self.max_length = max_length
         self.special = _special_ids(tok)
         self.hits = Hits()
-        self.stats = {"examples": 0, "compared": 0, "not_compared": 0, "labeled": 0, "packed": 0}
+        self.stats = {
+            "examples": 0,
+            "compared": 0,
+            "not_compared": 0,
+            "no_messages": 0,
+            "labeled": 0,
+            "packed": 0,
+        }
 
     def _render(self, row: ChatRow, template: str, source: str) -> Rendered | None:
         from jinja2 import TemplateError
@@ -120,6 +127,8 @@ class _Checker:
                 )
         elif msgs is not None and train is serving:
             self.stats["not_compared"] += 1
+        elif msgs is None and not row.extra:
+            self.stats["no_messages"] += 1
         if train is None:
             self._packing(row)
             return
@@ -170,6 +179,11 @@ class _Checker:
                 f"{self.stats['not_compared']} of {total} examples carry no training rendering "
                 "(no text or input_ids column) and no --template was given: their rendering is "
                 "the chat template's own, not compared"
+            )
+        if self.stats["no_messages"]:
+            skipped.append(
+                f"{self.stats['no_messages']} of {total} examples carry no messages (only text "
+                "or token columns): their rendering, roles and loss mask by turn were not checked"
             )
         out += [Finding.of("D402", s, data={"skipped": "rendering"}) for s in skipped]
         return out
