@@ -273,6 +273,8 @@ def test_structure_faults(tmp_path, toks, row, code, says):
     assert found[code]["data"]["example_ids"] == [1]
     assert says in found[code]["message"]
     assert status == (1 if found[code]["severity"] == "error" else 0)
+    if code == "D411":  # the order of unknown roles is unknowable: said once, by D411
+        assert "D407" not in found
 
 
 def test_doubled_bos_from_a_text_column_tokenized_with_special_tokens(tmp_path, toks, hf_tok):

@@ -63,7 +63,8 @@ def structure_hits(example: int, messages: list[dict[str, str]], hits: Hits) -> 
                 f"the system prompt is repeated inside message {inside[0]} ({roles[inside[0]]})",
                 messages=[systems[0], *inside],
             )
-    problem = role_order_problem(roles)
+    # With an unknown role the order is unknowable: D411 says what to map first.
+    problem = None if unknown else role_order_problem(roles)
     if problem:
         hits.add("D407", example, problem, roles=roles)
 
