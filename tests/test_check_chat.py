@@ -381,6 +381,19 @@ def test_dataset_preflight_with_the_collators_labels(hf_tok):
     assert found[0].data["example_ids"] == [0, 1, 2, 3, 4, 5]
 
 
+def test_dataset_preflight_unpads_a_collator_without_attention_mask(hf_tok):
+    import torch
+
+    def left_pad(features):  # pads on the left and says nothing of it
+        n = max(len(f["input_ids"]) for f in features)
+        pad = [hf_tok.pad_token_id] * n
+        ids = [pad[: n - len(f["input_ids"])] + f["input_ids"] for f in features]
+        labels = [[-100] * (n - len(f["labels"])) + f["labels"] for f in features]
+        return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels)}
+
+    assert check_chat_dataset(_tokenized(hf_tok), hf_tok, collator=left_pad) == []
+
+
 def test_dataset_preflight_sees_a_collators_packing(hf_tok):
     from transformers import DataCollatorWithFlattening
 

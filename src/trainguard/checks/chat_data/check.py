@@ -233,5 +233,8 @@ def check_chat_file(
         )
     if serving is not None:
         check_template(serving, f"the chat_template of {tokenizer_dir}", TOKENIZER_FIX)
-    rows = list(read_rows(path, max_examples))  # every line parsed before any check runs
-    return check_chat_rows(rows, tok, template, max_length)
+    # Every line is parsed once before any check runs (bad input is exit 2 with nothing
+    # reported), then read again as the checks go: a large file is never held in memory.
+    for _ in read_rows(path, max_examples):
+        pass
+    return check_chat_rows(read_rows(path, max_examples), tok, template, max_length)

@@ -28,6 +28,16 @@ def _list(value: Any) -> list[Any] | None:
     return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
+def _unpadded(ids: list[int], feature: dict[str, Any]) -> range:
+    """The positions of `ids` (a collated row without attention mask) that hold the feature's
+    own tokens: padding on the right or on the left, as the collator put it."""
+    own = _list(feature["input_ids"]) or []
+    n = len(own)
+    if n < len(ids) and ids[-n:] == own and ids[:n] != own:
+        return range(len(ids) - n, len(ids))
+    return range(min(n, len(ids))) if ids[:n] == own else range(len(ids))
+
+
 def _collated(
     rows: list[ChatRow], items: list[Any], collator: Any
 ) -> tuple[list[ChatRow], list[Finding]]:
@@ -68,7 +78,7 @@ def _collated(
             continue
         for k, row in enumerate(group):
             mask = cols.get("attention_mask", [None] * len(ids))[k]
-            keep_t = [t for t, m in enumerate(mask) if m] if mask else range(len(ids[k]))
+            keep_t = [t for t, m in enumerate(mask) if m] if mask else _unpadded(ids[k], feats[k])
             row.input_ids = [ids[k][t] for t in keep_t]
             for name in ("labels", "position_ids"):
                 col = cols.get(name)

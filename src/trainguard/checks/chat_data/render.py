@@ -7,7 +7,9 @@ tokens that cover them; pre-tokenized `input_ids` borrow the spans of a renderin
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 ROLE_PROMPT = ("system", "user", "tool")  # turns whose tokens must carry no loss
@@ -84,6 +86,8 @@ def message_spans(r: Rendered, messages: list[dict[str, str]], special: set[int]
         return []
     spans: list[Span] = []
     cursor = 0
+    # Running maximum of the token ends, for bisect (a post-processor's EOS has offsets (0, 0)).
+    ends = list(accumulate((e for _, e in r.offsets), max))
     for i, m in enumerate(messages):
         content = m["content"].strip()
         if not content:
@@ -93,7 +97,16 @@ def message_spans(r: Rendered, messages: list[dict[str, str]], special: set[int]
             continue
         a, b = at, at + len(content)
         cursor = b
-        toks = [t for t, (s, e) in enumerate(r.offsets) if s < b and e > a and e > s]
+        # The tokens overlapping [a, b): from the first ending after a (bisect: long
+        # conversations have thousands of tokens per message).
+        first = bisect_right(ends, a)
+        toks = []
+        for t in range(first, len(r.offsets)):
+            s, e = r.offsets[t]
+            if s >= b:
+                break
+            if e > s:  # special tokens a post-processor adds have empty offsets
+                toks.append(t)
         if toks:
             spans.append(Span(i, m["role"], toks[0], toks[-1] + 1))
     for k, s in enumerate(spans):

@@ -87,7 +87,8 @@ def _messages(value: Any, where: str) -> list[dict[str, str]]:
     for m in value:
         if not isinstance(m, Mapping) or "role" not in m:
             raise DataError(f"{where}: a message is not an object with a role", ROW_FIX)
-        out.append({"role": str(m["role"]), "content": _content(m.get("content"), where)})
+        # Other keys (tool_calls, name ...) stay: templates render them.
+        out.append({**m, "role": str(m["role"]), "content": _content(m.get("content"), where)})
     return out
 
 
