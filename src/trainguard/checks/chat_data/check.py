@@ -147,9 +147,8 @@ class _Checker:
         cut = False
         if self.max_length is not None or precut:
             response = response_positions(labels if not precut else None, spans)
-            cutoff = len(train.ids) if precut else self.max_length
-            assert cutoff is not None
-            why = "input_ids end at" if precut else "--max-length"
+            cutoff = min(len(train.ids), self.max_length or len(train.ids))
+            why = "--max-length" if cutoff == self.max_length else "input_ids end at"
             cut = truncation_hits(i, response, len(full.ids), cutoff, why, self.hits)
         if labels is not None:
             self.stats["labeled"] += 1
