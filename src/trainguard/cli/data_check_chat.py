@@ -48,8 +48,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
-        """Chat (instruction-tuning) data against the tokenizer's chat template: rendering
-        token by token, loss mask, truncation, roles and turns, packing (codes D401-D414)."""
+        """Check chat (instruction-tuning) data against the tokenizer's chat template.
+
+        The training rendering token by token, the loss mask, truncation at --max-length,
+        roles and turns, packing (codes D401-D414, each with the example ids)."""
         from trainguard.checks.chat_data import check_chat_file
 
         report = check_chat_file(
