@@ -296,6 +296,28 @@ def test_doubled_eos_in_input_ids(tmp_path, toks, hf_tok):
     assert status == 1 and set(found) == {"D410"} and "EOS twice" in found["D410"]["message"]
 
 
+def test_training_template_that_fails_on_an_example(tmp_path, toks):
+    """A template error that is not raise_exception (a TypeError in the user's Jinja) is a
+    finding on that example, not a traceback."""
+    adds = TEMPLATE.replace(
+        "{{ m['content'] }}<|im_end|>{% endif %}",
+        "{{ m['content'] + m.get('n', '') }}<|im_end|>{% endif %}",
+    )
+    rows = [
+        CLEAN[0],
+        {
+            "messages": [
+                {"role": "user", "content": "hi", "n": 2},
+                {"role": "assistant", "content": "four"},
+            ]
+        },
+    ]
+    status, out = check(tmp_path, toks, rows, template=adds)
+    d414 = codes(out)["D414"]
+    assert status == 1 and d414["data"]["example_ids"] == [1]
+    assert "TypeError" in d414["message"] and "--template" in d414["message"]
+
+
 def test_template_that_refuses_an_example(tmp_path, toks):
     status, out = check(tmp_path, toks, [CLEAN[0], conv(("bot", "hi"), ("user", "hello"))])
     found = codes(out)

@@ -58,6 +58,12 @@ def _special_ids(tok: Any) -> set[int]:
     return ids
 
 
+def _is_template_error(e: Exception) -> bool:
+    from jinja2 import TemplateError
+
+    return isinstance(e, TemplateError)
+
+
 class _Checker:
     def __init__(self, tok: Any, template: str | None, max_length: int | None) -> None:
         self.tok = tok
@@ -76,16 +82,18 @@ class _Checker:
         }
 
     def _render(self, row: ChatRow, template: str, source: str) -> Rendered | None:
-        from jinja2 import TemplateError
-
         assert row.messages is not None
         try:
             out = encode(self.tok, render(self.tok, row.messages, template), source)
-        except TemplateError as e:
-            self.hits.add("D414", row.index, f"the {source} raises: {e}", template=source)
+        except Exception as e:  # a template is the user's code: raise_exception, a TypeError ...
+            said = f"{type(e).__name__}: {e}" if not _is_template_error(e) else str(e)
+            self.hits.add("D414", row.index, f"the {source} raises: {said}", template=source)
             return None
         if row.labels is None and has_generation_tags(template):
-            mask = generation_mask(self.tok, row.messages, template)
+            try:
+                mask = generation_mask(self.tok, row.messages, template)
+            except Exception:  # rendered once above: a mask that fails is no mask
+                mask = None
             out.mask = mask if mask is not None and len(mask) == len(out.ids) else None
         return out
 
