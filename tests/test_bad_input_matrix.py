@@ -634,6 +634,11 @@ ROWS = [
         says=("tokenizer_config.json is not valid JSON",),
     ),
     row(
+        "data-check-chat-tokenizer-json-broken",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{chat_tok_broken}"),
+        says=("cannot load the tokenizer", "JSONDecodeError"),
+    ),
+    row(
         "data-check-chat-no-chat-template",
         *("data", "check-chat", "{chat_good}", "--tokenizer", "{chat_tok_no_template}"),
         says=("no chat_template", "--template"),
@@ -971,6 +976,9 @@ class Workspace:
             folder.mkdir()
             _tokenizer(folder / "tokenizer.json")
             _write(folder / "tokenizer_config.json", config)
+        p["chat_tok_broken"] = inputs / "chat-tok-broken"
+        p["chat_tok_broken"].mkdir()
+        _write(p["chat_tok_broken"] / "tokenizer.json", "{not json")
         p["ro"] = root / "ro"
         p["ro"].mkdir()
         self.paths = p
