@@ -179,6 +179,12 @@ def test_input_ids_equal_to_the_template_pass(tmp_path, toks, hf_tok):
     d403 = codes(out)["D403"]
     assert status == 1 and d403["data"]["example_ids"] == [0]
     assert "message 0 (system)" in d403["message"]
+    # ... and the end-of-turn token left out: both faults, each said
+    ids = rows[0]["input_ids"]
+    last_eot = max(t for t, x in enumerate(ids) if x == hf_tok.eos_token_id)
+    rows[0]["labels"][last_eot] = -100
+    found = codes(check(tmp_path, toks, rows)[1])
+    assert set(found) == {"D403", "D404"} and found["D404"]["data"]["example_ids"] == [0]
 
 
 # --- the loss mask ----------------------------------------------------------------------------

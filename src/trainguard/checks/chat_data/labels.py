@@ -33,19 +33,18 @@ def loss_mask_hits(
         if len(on) == len(labels) > 1:
             hits.add("D403", example, "every token carries a label: the prompt is learned too")
         return
-    for s in spans:
-        if s.role in ROLE_PROMPT:
-            bad = sorted(on & set(range(s.start, s.end)))
-            if bad:
-                hits.add(
-                    "D403",
-                    example,
-                    f"{len(bad)} tokens of message {s.index} ({s.role}) carry labels, the first "
-                    f"at token {bad[0]}: {show(bad[0])}",
-                    message=s.index,
-                    tokens=len(bad),
-                )
-                return
+    for s in spans:  # the first prompt turn with labels (one D403 per example)
+        bad = sorted(on & set(range(s.start, s.end))) if s.role in ROLE_PROMPT else []
+        if bad:
+            hits.add(
+                "D403",
+                example,
+                f"{len(bad)} tokens of message {s.index} ({s.role}) carry labels, the first "
+                f"at token {bad[0]}: {show(bad[0])}",
+                message=s.index,
+                tokens=len(bad),
+            )
+            break
     for s in spans:
         learned = on & set(range(s.start, s.end))
         if s.role == "assistant" and learned and s.eot is not None and s.eot not in on:
