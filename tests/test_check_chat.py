@@ -409,6 +409,13 @@ def test_dataset_preflight_with_the_collators_labels(hf_tok):
     assert found[0].data["example_ids"] == [0, 1, 2, 3, 4, 5]
 
 
+def test_dataset_preflight_reads_an_iterable_dataset(hf_tok):
+    data = _tokenized(hf_tok)
+    data[1]["labels"] = list(data[1]["input_ids"])  # the prompt in the loss
+    found = check_chat_dataset(iter(data), hf_tok)
+    assert [(f.code, f.data["example_ids"]) for f in found] == [("D403", [1])]
+
+
 def test_dataset_preflight_unpads_a_collator_without_attention_mask(hf_tok):
     import torch
 

@@ -10,11 +10,12 @@ batches it will train on (labels and packing as the collator makes them).
 
 from __future__ import annotations
 
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import Any
 
 from trainguard.checks.chat_data.check import check_chat_rows
 from trainguard.checks.chat_data.rows import ChatRow, parse_row
+from trainguard.errors import ConfigError
 from trainguard.findings import Finding
 
 FEATURES = ("input_ids", "attention_mask", "labels", "position_ids", "token_type_ids")
@@ -95,8 +96,15 @@ def check_chat_dataset(
     """The chat checks on the first `max_examples` items of `dataset` (dicts with `messages`,
     `prompt`/`completion`, `text` or `input_ids` ...), with a Hugging Face `tokenizer`; with
     `collator`, labels and packing are checked on the batches it makes from them."""
-    n = min(len(dataset), max_examples)
-    items = [dataset[i] for i in range(n)]
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(
+            "the chat checks need a fast tokenizer (character offsets locate each turn)",
+            "load the tokenizer from its tokenizer.json (AutoTokenizer with use_fast=True)",
+        )
+    if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
+        items = [dataset[i] for i in range(min(len(dataset), max_examples))]
+    else:  # an iterable dataset: its first items
+        items = list(islice(iter(dataset), max_examples))
     rows = [parse_row(dict(item), i, f"train_dataset[{i}]") for i, item in enumerate(items)]
     extra: list[Finding] = []
     if collator is not None:
