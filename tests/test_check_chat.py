@@ -416,6 +416,14 @@ def test_dataset_preflight_reads_an_iterable_dataset(hf_tok):
     assert [(f.code, f.data["example_ids"]) for f in found] == [("D403", [1])]
 
 
+def test_dataset_preflight_says_when_the_collator_cannot_be_checked(hf_tok):
+    def broken(features):
+        raise RuntimeError("needs a column this dataset lacks")
+
+    found = check_chat_dataset(_tokenized(hf_tok), hf_tok, collator=broken)
+    assert [f.code for f in found] == ["D402"] and "lacks" in found[0].message
+
+
 def test_dataset_preflight_unpads_a_collator_without_attention_mask(hf_tok):
     import torch
 

@@ -57,8 +57,8 @@ def _collated(
         try:
             batch = collator(feats)
         except Exception as e:  # a user's collator: any failure is reported, not raised
-            msg = f"collator not checked: it raised {type(e).__name__}: {e} on examples {g}.."
-            return rows, [Finding.of("D402", msg, data={"skipped": "collator"})]
+            msg = f"collator not checked from example {g} on: it raised {type(e).__name__}: {e}"
+            return out + rows[g:], [Finding.of("D402", msg, data={"skipped": "collator"})]
         ids = [_list(r) for r in batch["input_ids"]]
         cols = {
             k: [_list(r) for r in batch[k]] for k in FEATURES if k in batch and k != "input_ids"
