@@ -670,6 +670,85 @@ ROWS = [
         says=cannot("{out}/v.html"),
         fault="disk_full",
     ),
+    # --- data check-chat -------------------------------------------------------------------
+    # issue 25: data check-chat
+    row(
+        "data-check-chat-data-missing",
+        *("data", "check-chat", "{inputs}/missing.jsonl", "--tokenizer", "{chat_tok}"),
+        says=("chat data", "does not exist"),
+    ),
+    row(
+        "data-check-chat-data-is-a-folder",
+        *("data", "check-chat", "{corpus}", "--tokenizer", "{chat_tok}"),
+        says=("is a folder",),
+    ),
+    row(
+        "data-check-chat-line-not-json",
+        *("data", "check-chat", "{chat_not_json}", "--tokenizer", "{chat_tok}"),
+        says=("chat-not-json.jsonl:2 is not JSON",),
+    ),
+    row(
+        "data-check-chat-line-not-utf8",
+        *("data", "check-chat", "{chat_not_utf8}", "--tokenizer", "{chat_tok}"),
+        says=("chat-not-utf8.jsonl:1", "UTF-8"),
+    ),
+    row(
+        "data-check-chat-row-without-messages",
+        *("data", "check-chat", "{chat_no_fields}", "--tokenizer", "{chat_tok}"),
+        says=("chat-no-fields.jsonl:1", "none of messages"),
+    ),
+    row(
+        "data-check-chat-empty-file",
+        *("data", "check-chat", "{chat_empty}", "--tokenizer", "{chat_tok}"),
+        says=("holds no example",),
+    ),
+    row(
+        "data-check-chat-tokenizer-missing",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{inputs}/no-tok"),
+        says=("tokenizer folder", "does not exist"),
+    ),
+    row(
+        "data-check-chat-tokenizer-is-a-file",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{tokenizer}"),
+        says=("is a file, not a folder", "tokenizer_config.json"),
+    ),
+    row(
+        "data-check-chat-no-tokenizer-json",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{not_prepared}"),
+        says=("no tokenizer.json",),
+    ),
+    row(
+        "data-check-chat-tokenizer-config-not-json",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{chat_tok_bad_config}"),
+        says=("tokenizer_config.json is not valid JSON",),
+    ),
+    row(
+        "data-check-chat-tokenizer-json-broken",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{chat_tok_broken}"),
+        says=("cannot load the tokenizer", "JSONDecodeError"),
+    ),
+    row(
+        "data-check-chat-no-chat-template",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{chat_tok_no_template}"),
+        says=("no chat_template", "--template"),
+    ),
+    row(
+        "data-check-chat-template-missing",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{chat_tok}"),
+        *("--template", "{inputs}/missing.jinja"),
+        says=("--template", "does not exist"),
+    ),
+    row(
+        "data-check-chat-template-not-jinja",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{chat_tok}"),
+        *("--template", "{chat_template_bad}"),
+        says=("not a valid Jinja template", "line 1"),
+    ),
+    row(
+        "data-check-chat-max-length-zero",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{chat_tok}", "--max-length", "0"),
+        says=("--max-length",),
+    ),
     # --- watch ----------------------------------------------------------------------------
     row("watch-jsonl-not-utf8", "watch", "{metrics_bad_jsonl}", says=("UTF-8",)),
     row("watch-csv-not-utf8", "watch", "{metrics_bad_csv}", says=("UTF-8",)),
@@ -1033,6 +1112,28 @@ class Workspace:
         _write(
             p["run_bad_metrics"] / "metrics.jsonl", b'{"kind": "step", "step": 1, "x": "\xff"}\n'
         )
+        # issue 25: data check-chat (a tokenizer folder as save_pretrained writes it)
+        chat = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+        p["chat_good"] = _write(inputs / "chat.jsonl", json.dumps({"messages": chat}) + "\n")
+        p["chat_not_json"] = _write(
+            inputs / "chat-not-json.jsonl", json.dumps({"messages": chat}) + "\n{messages\n"
+        )
+        p["chat_not_utf8"] = _write(inputs / "chat-not-utf8.jsonl", b'{"prompt": "caf\xe9"}\n')
+        p["chat_empty"] = _write(inputs / "chat-empty.jsonl", "\n")
+        p["chat_no_fields"] = _write(inputs / "chat-no-fields.jsonl", '{"id": 1}\n')
+        p["chat_template_bad"] = _write(inputs / "bad.jinja", "{% for m in messages %}{{ m }}")
+        for name, config in (
+            ("chat_tok", json.dumps({"chat_template": "{{ messages }}"})),
+            ("chat_tok_no_template", json.dumps({"eos_token": "<|endoftext|>"})),
+            ("chat_tok_bad_config", "{not json"),
+        ):
+            folder = p[name] = inputs / name.replace("_", "-")
+            folder.mkdir()
+            _tokenizer(folder / "tokenizer.json")
+            _write(folder / "tokenizer_config.json", config)
+        p["chat_tok_broken"] = inputs / "chat-tok-broken"
+        p["chat_tok_broken"].mkdir()
+        _write(p["chat_tok_broken"] / "tokenizer.json", "{not json")
         p["ro"] = root / "ro"
         p["ro"].mkdir()
         self.paths = p

@@ -7,8 +7,8 @@ import typer
 _GROUPS: dict[str, typer.Typer] = {}
 
 _HELP = {
-    "data": "Prepare, deduplicate, filter and inspect training data; check it against evals and "
-    "check a loader's order.",
+    "data": "Prepare, deduplicate, filter and inspect training data; check it against evals, "
+    "check a loader's order and check chat (instruction-tuning) data.",
     "scale": "Gating runs and scaling-law fits that predict a big run's loss.",
     "reference": "Reference curves: a known-good run that later runs are compared with.",
 }

@@ -77,7 +77,10 @@ def findings_table(findings: list[Finding], title: str = "Findings") -> Table:
             if x
         )
         style = _SEVERITY_STYLE.get(f.severity, "")
-        table.add_row(f.code, f"[{style}]{f.severity}[/]", where, f.message, f.fix)
+        # Messages quote user data (paths, decoded tokens such as "[/INST]"): never markup.
+        table.add_row(
+            f.code, f"[{style}]{f.severity}[/]", escape(where), escape(f.message), escape(f.fix)
+        )
     return table
 
 

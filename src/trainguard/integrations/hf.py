@@ -96,8 +96,10 @@ def _default_guard(args: Any) -> Guard:
 
 class GuardedTrainerMixin:
     """Mix into a `transformers.Trainer` subclass (first in the bases): `class MyTrainer(
-    GuardedTrainerMixin, SFTTrainer)`. Extra keyword: `guard` (default: `Guard(run_dir=
-    args.output_dir)`, distributed under a multi-process launch)."""
+    GuardedTrainerMixin, SFTTrainer)`. Extra keywords: `guard` (default: `Guard(run_dir=
+    args.output_dir)`, distributed under a multi-process launch); `check_chat` (True or a dict
+    of options: the chat-data pre-flight on the dataset and collator before a fresh start,
+    `integrations/hf_chat.py`)."""
 
     args: Any
     state: Any
@@ -106,9 +108,17 @@ class GuardedTrainerMixin:
     accelerator: Any
     train_dataset: Any
 
-    def __init__(self, *args: Any, guard: Guard | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        guard: Guard | None = None,
+        check_chat: bool | dict[str, Any] = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.guard = guard if guard is not None else _default_guard(self.args)
+        self.check_chat = check_chat
+        self.chat_findings: list[Any] = []
         self.elastic_sampler: ElasticSampler | None = None
         self.checkpoint_findings: list[Any] = []  # checkpoints passed over on resume/rollback
         self.stop_decision: Decision | None = None  # the rollback or halt that stopped train()
@@ -275,6 +285,11 @@ class GuardedTrainerMixin:
         `checkpoint-N` that verifies (newer corrupt ones are reported and quarantined)."""
         if resume_from_checkpoint in (None, False):
             self.elastic_sampler = None  # a fresh start: no skips from an earlier train()
+            if self.check_chat:  # before any step: PreflightFailed on an error finding
+                from trainguard.integrations.hf_chat import chat_preflight
+
+                options = self.check_chat if isinstance(self.check_chat, dict) else {}
+                chat_preflight(self, options)  # sets self.chat_findings
         sampler = self._sampler()
         state = {"guard": self.guard, "sampler": sampler}
         resume = self._resume_folder(resume_from_checkpoint, state)
