@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoint.folder import RefusedFile, open_listed
 from trainguard.errors import CorruptError
 from trainguard.findings import Finding
 from trainguard.integrations.verified import (
@@ -105,10 +106,11 @@ class TrainerCheckpoints:
 def load_state_file(folder: Path, state: dict[str, Any]) -> None:
     """Restore the objects in `state` (guard, sampler) from a folder's trainguard_state.json."""
     try:
-        saved = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        with open_listed(folder, STATE_FILE) as f:  # verified: only what the manifest lists
+            saved = json.loads(f.read().decode("utf-8"))
         for key, obj in state.items():
             obj.load_state_dict(saved[key])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RefusedFile) as e:
         raise CorruptError(
             f"{folder / STATE_FILE} does not hold the guard and sampler state: {e}",
             f"resume from a checkpoint a GuardedTrainer saved (it writes {STATE_FILE})",
