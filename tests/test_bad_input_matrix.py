@@ -145,6 +145,22 @@ ROWS = [
         *("run", "{tiny}", "--run-dir", "{out}/r", "--set", "reference.path={out}/none.json"),
         says=NOT_EXIST,
     ),
+    # issue 26: ckptio (a link where the run writes its own file: refused, its target unchanged)
+    row(
+        "run-metrics-jsonl-is-a-symlink",
+        *("run", "{tiny}", "--no-evals", "--run-dir", "{run_metrics_link}"),
+        says=("metrics.jsonl", "symbolic link", "{outside}"),
+    ),
+    row(
+        "run-tokenizer-json-is-a-symlink",
+        *("run", "{tiny}", "--no-evals", "--run-dir", "{run_tokenizer_link}"),
+        says=("tokenizer.json", "symbolic link"),
+    ),
+    row(
+        "run-quarantine-is-a-symlink",
+        *("run", "{tiny}", "--no-evals", "--run-dir", "{run_quarantine_link}"),
+        says=("quarantine", "symbolic link"),
+    ),
     # --- batch ------------------------------------------------------------------------------
     row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
     row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),
@@ -215,6 +231,13 @@ ROWS = [
     row("report-readonly", "report", "{ro_run}", exit=1, says=cannot("{ro_run}"), fault="readonly"),
     row(
         "report-disk-full", "report", "{run_ok}", exit=1, says=cannot("{run_ok}"), fault="disk_full"
+    ),
+    # issue 26: ckptio
+    row(
+        "report-html-is-a-symlink",
+        *("report", "{run_report_link}"),
+        exit=1,
+        says=("report.html", "symbolic link"),
     ),
     # --- check-model ----------------------------------------------------------------------
     row(
@@ -880,6 +903,19 @@ class Workspace:
         )
         p["ro"] = root / "ro"
         p["ro"].mkdir()
+        # issue 26: ckptio. Run dirs with a link where the run writes its own file.
+        p["outside"] = _write(inputs / "outside.txt", "not trainguard's to write\n")
+        for name, file in (
+            ("run_metrics_link", "metrics.jsonl"),
+            ("run_tokenizer_link", "tokenizer.json"),
+            ("run_quarantine_link", "checkpoints/quarantine"),
+            ("run_report_link", "report.html"),
+        ):
+            run = p[name] = root / name.replace("_", "-")
+            (run / file).parent.mkdir(parents=True)
+            (run / file).symlink_to(p["outside"] if "." in file else inputs)
+        _write(p["run_report_link"] / "metrics.jsonl", metrics)
+        _write(p["run_report_link"] / "recipe.yaml", yaml.safe_dump(recipe))
         self.paths = p
 
     def format(self, arg: str) -> str:

@@ -29,8 +29,9 @@ def json_safe(v: Any) -> Any:
 class MetricsLog:
     """Append-only JSONL writer, flushed per row so a killed run loses at most one line.
 
-    The file is opened without following a link (`util/nofollow.py`): a symlinked
-    metrics.jsonl or guard.jsonl is refused (LinkRefused, exit 1), its target never written.
+    The file is opened without following a link (`util/nofollow.py`): a symlinked (or FIFO)
+    metrics.jsonl or guard.jsonl is refused when the log is made and again when it is opened
+    (LinkRefused, exit 1), its target never written.
 
     A `MetricsSink` (see `metrics.sinks`): `run` uses it as the record every viewer is fed
     beside; `Guard` keeps its findings in `guard.jsonl` through it.
@@ -38,6 +39,7 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, filename: str = METRICS_FILE) -> None:
         self.path = Path(run_dir) / filename
+        refuse_link(self.path)  # at once, not at the first row: the error names the cause
         self._file: TextIO | None = None
 
     def truncate_after(self, step: int) -> list[dict[str, Any]]:
