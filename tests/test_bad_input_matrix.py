@@ -302,6 +302,13 @@ ROWS = [
         *("check-tokenizer", "{tokenizer}", "--corpus", "{fake_parquet}"),
         says=("Parquet",),
     ),
+    # issue 26: ckptio (a file the manifest does not list is never opened)
+    row(
+        "check-tokenizer-checkpoint-file-not-in-manifest",
+        *("check-tokenizer", "{tokenizer}", "--checkpoint", "{step_unlisted}"),
+        exit=1,
+        says=("C111", "model.safetensors", "not listed"),
+    ),
     # --- data prepare ---------------------------------------------------------------------
     *[
         row(f"data-prepare-{name}", "data", "prepare", src, "--out", out, *SMALL, *rest, **kw)
@@ -916,6 +923,13 @@ class Workspace:
             (run / file).symlink_to(p["outside"] if "." in file else inputs)
         _write(p["run_report_link"] / "metrics.jsonl", metrics)
         _write(p["run_report_link"] / "recipe.yaml", yaml.safe_dump(recipe))
+        # A step folder whose re-signed manifest lists nothing; model.safetensors links out.
+        from runhelpers import forge_manifest
+
+        p["step_unlisted"] = inputs / "step-3"
+        p["step_unlisted"].mkdir()
+        _write(p["step_unlisted"] / "manifest.json", forge_manifest(3, {}))
+        (p["step_unlisted"] / "model.safetensors").symlink_to(p["outside"])
         self.paths = p
 
     def format(self, arg: str) -> str:

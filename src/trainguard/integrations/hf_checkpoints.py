@@ -26,6 +26,7 @@ from trainguard.integrations.verified import (
     quarantine_rejected,
     verify_folder,
 )
+from trainguard.util.nofollow import open_truncate
 
 STATE_FILE = "trainguard_state.json"
 PREFIX = "checkpoint-"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR + "-"
@@ -42,7 +43,8 @@ def parse_checkpoint_dirname(name: str) -> int | None:
 def commit_checkpoint(folder: Path, step: int, guard: Any, sampler: Any) -> None:
     """Add the guard's and the sampler's state to a folder the Trainer saved, then commit it."""
     saved = {"guard": guard.state_dict(), "sampler": sampler.state_dict()}
-    (folder / STATE_FILE).write_text(json.dumps(saved), encoding="utf-8")
+    with open_truncate(folder / STATE_FILE) as f:  # never through a link planted there
+        f.write(json.dumps(saved))
     commit_folder(folder, step, {"writer": "trainguard.integrations.hf"})
 
 
