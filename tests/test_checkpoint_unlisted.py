@@ -163,3 +163,20 @@ def test_run_resumes_past_unlisted_files_and_quarantines_them(
     assert named == {(12, "rng.pt"), (8, "optimizer.pt")}
     assert sorted(p.name for p in (ckpts / "quarantine").iterdir()) == ["step-12", "step-8"]
     assert outside.read_bytes() == kept
+
+
+def test_eval_never_reads_weights_the_manifest_does_not_list(tiny_run_copy: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+
+    ckpts = tiny_run_copy / "checkpoints"
+    # step 12's weights replaced by a link to step 8's, left out of the re-signed manifest
+    drop_from_manifest(ckpts / "step-12", "model.safetensors")
+    (ckpts / "step-12" / "model.safetensors").unlink()
+    (ckpts / "step-12" / "model.safetensors").symlink_to(ckpts / "step-8" / "model.safetensors")
+    res = CliRunner().invoke(app, ["eval", str(tiny_run_copy), "--max-examples", "4", "--json"])
+    out = json.loads(res.stdout)
+    assert out["checkpoint"].endswith("step-8")  # the old code: step-12, through the link
+    named = {(f["step"], f["data"]["file"]) for f in out["findings"] if f["code"] == "C111"}
+    assert named == {(12, "model.safetensors")}
