@@ -164,6 +164,22 @@ ROWS = [
         *("--set", "train.batch_size=100000"),  # divisible: the count itself is refused
         says=("--nproc 100000", "CPU core", "--oversubscribe", "nothing was started"),
     ),
+    # issue 26: ckptio (a link where the run writes its own file: refused, its target unchanged)
+    row(
+        "run-metrics-jsonl-is-a-symlink",
+        *("run", "{tiny}", "--no-evals", "--run-dir", "{run_metrics_link}"),
+        says=("metrics.jsonl", "symbolic link", "{outside}"),
+    ),
+    row(
+        "run-tokenizer-json-is-a-symlink",
+        *("run", "{tiny}", "--no-evals", "--run-dir", "{run_tokenizer_link}"),
+        says=("tokenizer.json", "symbolic link"),
+    ),
+    row(
+        "run-quarantine-is-a-symlink",
+        *("run", "{tiny}", "--no-evals", "--run-dir", "{run_quarantine_link}"),
+        says=("quarantine", "symbolic link"),
+    ),
     # --- batch ------------------------------------------------------------------------------
     row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
     row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),
@@ -299,6 +315,13 @@ ROWS = [
     row(
         "report-disk-full", "report", "{run_ok}", exit=1, says=cannot("{run_ok}"), fault="disk_full"
     ),
+    # issue 26: ckptio
+    row(
+        "report-html-is-a-symlink",
+        *("report", "{run_report_link}"),
+        exit=1,
+        says=("report.html", "symbolic link"),
+    ),
     # --- check-model ----------------------------------------------------------------------
     row(
         "check-model-nan-logits-leaky",
@@ -367,6 +390,13 @@ ROWS = [
         "check-tokenizer-corpus-fake-parquet",
         *("check-tokenizer", "{tokenizer}", "--corpus", "{fake_parquet}"),
         says=("Parquet",),
+    ),
+    # issue 26: ckptio (a file the manifest does not list is never opened)
+    row(
+        "check-tokenizer-checkpoint-file-not-in-manifest",
+        *("check-tokenizer", "{tokenizer}", "--checkpoint", "{step_unlisted}"),
+        exit=1,
+        says=("C111", "model.safetensors", "not listed"),
     ),
     # --- data prepare ---------------------------------------------------------------------
     *[
@@ -1136,6 +1166,26 @@ class Workspace:
         _write(p["chat_tok_broken"] / "tokenizer.json", "{not json")
         p["ro"] = root / "ro"
         p["ro"].mkdir()
+        # issue 26: ckptio. Run dirs with a link where the run writes its own file.
+        p["outside"] = _write(inputs / "outside.txt", "not trainguard's to write\n")
+        for name, file in (
+            ("run_metrics_link", "metrics.jsonl"),
+            ("run_tokenizer_link", "tokenizer.json"),
+            ("run_quarantine_link", "checkpoints/quarantine"),
+            ("run_report_link", "report.html"),
+        ):
+            run = p[name] = root / name.replace("_", "-")
+            (run / file).parent.mkdir(parents=True)
+            (run / file).symlink_to(p["outside"] if "." in file else inputs)
+        _write(p["run_report_link"] / "metrics.jsonl", metrics)
+        _write(p["run_report_link"] / "recipe.yaml", yaml.safe_dump(recipe))
+        # A step folder whose re-signed manifest lists nothing; model.safetensors links out.
+        from runhelpers import forge_manifest
+
+        p["step_unlisted"] = inputs / "step-3"
+        p["step_unlisted"].mkdir()
+        _write(p["step_unlisted"] / "manifest.json", forge_manifest(3, {}))
+        (p["step_unlisted"] / "model.safetensors").symlink_to(p["outside"])
         self.paths = p
 
     def format(self, arg: str) -> str:

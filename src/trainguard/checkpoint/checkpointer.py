@@ -39,6 +39,7 @@ from trainguard.checkpoint.resume import (
     refuse_if_none_usable,
     restore_generators,
     same_manifest,
+    unlisted,
 )
 from trainguard.checkpoint.retry import RetryPolicy
 from trainguard.checkpoint.rng import capture_rng
@@ -345,13 +346,22 @@ class Checkpointer:
         return step
 
     def _usable(self, loaded: LoadedCheckpoint, parts: list[Part]) -> list[Finding]:
-        """Rank 0's checks of a verified step before it is chosen: the payload's format, then
-        the layout's own (a layout with `check(folder, parts, step) -> findings` reads its
-        files against the caller's objects; an error finding passes the step over)."""
-        found = check_payload(loaded)
+        """Rank 0's checks of a verified step before it is chosen: the payload's format, the
+        layout's files listed in the manifest, then the layout's own (a layout with
+        `check(folder, parts, step) -> findings` reads its files against the caller's objects;
+        an error finding passes the step over)."""
+        found = check_payload(loaded)  # a sharded step: every file DCP would read is listed
         info = loaded.manifest.get("meta", {}).get("checkpointer") or {}
+        if found or info.get("sharded"):
+            return found
+        # The layout's files must be listed: an unlisted one is never opened (a FIFO there
+        # would block the load), so the step is passed over like a damaged one.
+        # (A step of another layout is refused by `_restore` before anything is read.)
+        unmarked = not info and getattr(self.layout, "reads_unmarked", False)
+        mine = info.get("layout") == self.layout.name or unmarked
+        found = unlisted(loaded, getattr(self.layout, "files", ())) if mine else []
         check = getattr(self.layout, "check", None)
-        if found or check is None or info.get("sharded"):
+        if found or check is None:
             return found
         return check(loaded.path, parts, loaded.step)
 

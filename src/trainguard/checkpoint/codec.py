@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from trainguard.checkpoint.folder import listed_path, open_listed
 from trainguard.errors import BadInputError, CorruptError
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
@@ -172,15 +173,25 @@ def _hashable(k: Any) -> Any:
 
 def write_state(folder: Path, stem: str, skeleton: Any, tensors: dict[str, torch.Tensor]) -> None:
     """`<stem>.json` and `<stem>.safetensors` in `folder` (the store fsyncs and checksums)."""
-    save_file(_unshare(tensors), str(folder / f"{stem}.safetensors"))
-    (folder / f"{stem}.json").write_text(json.dumps(skeleton, indent=1))
+    doc, weights = state_files(stem)
+    save_file(_unshare(tensors), str(folder / weights))
+    (folder / doc).write_text(json.dumps(skeleton, indent=1))
+
+
+def state_files(stem: str) -> tuple[str, str]:
+    """The files `write_state` writes and `read_state` reads."""
+    return f"{stem}.json", f"{stem}.safetensors"
 
 
 def read_state(folder: Path, stem: str) -> Any:
-    """The value written by `write_state`, decoded."""
+    """The value written by `write_state`, decoded; only files the folder's manifest lists
+    are opened (folder.open_listed)."""
+    doc, weights = state_files(stem)
     try:
-        skeleton = json.loads((folder / f"{stem}.json").read_text())
-        tensors = load_file(str(folder / f"{stem}.safetensors"))
+        with open_listed(folder, doc) as f:
+            skeleton = json.loads(f.read().decode("utf-8"))
+        with listed_path(folder, weights) as path:
+            tensors = load_file(path)
     except Exception as e:  # json, OS and safetensors' own error types: all mean "unreadable"
         raise CorruptError(
             f"cannot read {stem}.json / {stem}.safetensors in {folder}: {e}",

@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from trainguard.checkpoint.folder import listed_files, open_listed
 from trainguard.errors import CorruptError
 
 # DCP's own metadata types, by (module, name). Classes only: constructing one runs no code.
@@ -81,9 +82,12 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_dcp_metadata(path: pathlib.Path) -> Metadata:
-    """DCP's metadata from `path`, or UnsafeCheckpointError if it is anything else."""
+    """DCP's metadata from `path`, a file its step folder's manifest lists (read through
+    folder.open_listed), or UnsafeCheckpointError if it is anything else."""
     try:
-        obj = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+        with open_listed(path.parent, path.name) as f:
+            raw = f.read()
+        obj = _MetadataUnpickler(io.BytesIO(raw)).load()
     except Exception as e:  # any malformed or hostile pickle: refuse, never half-load
         raise UnsafeCheckpointError(
             f"{path} is not plain DCP metadata: {type(e).__name__}: {e}",
@@ -97,8 +101,34 @@ def read_dcp_metadata(path: pathlib.Path) -> Metadata:
     return obj
 
 
+class _ListedFileSystem(FileSystem):
+    """DCP's file access for reading a verified step folder: only files its manifest lists,
+    regular files inside it (folder.open_listed); DCP's metadata names the shard files, and
+    an unlisted or linked one is refused, never opened."""
+
+    def __init__(self, folder: pathlib.Path) -> None:
+        super().__init__()
+        self.folder = folder
+        self.files: dict[str, dict[str, Any]] | None = None
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        if mode != "rb":
+            raise ValueError(f"a checkpoint being loaded is read only (mode {mode!r})")
+        if self.files is None:
+            self.files = listed_files(self.folder)
+        name = pathlib.PurePath(path).relative_to(self.folder).as_posix()
+        with open_listed(self.folder, name, self.files) as stream:
+            yield stream
+
+
 class SafeFileSystemReader(FileSystemReader):
-    """FileSystemReader whose metadata goes through the restricted unpickler."""
+    """FileSystemReader whose metadata goes through the restricted unpickler and whose files
+    are opened only if the folder's manifest lists them."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        super().__init__(path)
+        self.fs = _ListedFileSystem(pathlib.Path(path))
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")

@@ -5,15 +5,25 @@ folder one path component at a time with O_NOFOLLOW, so no symlink below the fol
 followed; each component is lstat'ed first, so a device, FIFO or socket is never even opened
 (opening some devices has side effects, reading /dev/zero never ends); and at most the size
 the manifest records is read. The manifest itself is read the same way, with a size cap.
+
+A load opens a checkpoint's files through `open_listed` (or `listed_path`, for readers that
+take a path) and nothing else: only a name the manifest lists, a regular file inside the
+folder of the size listed, in a folder verified before (its checksums). A file the manifest
+does not list is never opened, whatever it is (a FIFO would block the load forever, a link
+would read a file outside the checkpoint unverified): `RefusedFile` says why, and the loaders
+report it as a checkpoint that cannot be loaded (C111), so the step is passed over.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import xxhash
 
@@ -151,3 +161,67 @@ def inspect_local_folder(
 def verify_local_folder(folder: Path, step: int, full: bool = True) -> list[Finding]:
     """Verify a local step folder: manifest, then every file's size and (if `full`) checksum."""
     return inspect_local_folder(folder, step, full)[1]
+
+
+class RefusedFile(Exception):
+    """A checkpoint file a load must not read (not listed, not a regular file inside the
+    folder, missing, or not the size listed); the message says why, in words."""
+
+
+def listed_files(folder: Path) -> dict[str, dict[str, Any]]:
+    """The `files` table of `folder`'s manifest (self-checksum and names checked);
+    RefusedFile when there is no trustworthy one."""
+    try:
+        raw = read_manifest(folder)
+    except UnsafeEntry as e:
+        raise RefusedFile(f"the step's {MANIFEST} is {e}, not a regular file") from None
+    if raw is None or len(raw) > MANIFEST_MAX_BYTES:
+        raise RefusedFile(f"the step folder has no readable {MANIFEST}")
+    try:
+        step = json.loads(raw.decode("utf-8")).get("step")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        step = None
+    manifest, findings = parse_manifest(raw, step if isinstance(step, int) else -1, str(folder))
+    if manifest is None:
+        raise RefusedFile(findings[0].message if findings else f"{MANIFEST} is invalid")
+    return manifest["files"]
+
+
+@contextlib.contextmanager
+def open_listed(
+    folder: Path, name: str, files: dict[str, dict[str, Any]] | None = None
+) -> Iterator[BinaryIO]:
+    """`folder/name` open for reading, if `folder`'s manifest (or `files`, its table) lists
+    it and it is a regular file inside `folder` of the listed size; else RefusedFile. The one
+    way a load opens a checkpoint file (the module docstring says why)."""
+    files = listed_files(folder) if files is None else files
+    entry = files.get(name)
+    if not isinstance(entry, dict):
+        raise RefusedFile(f"it is not listed in the step's {MANIFEST}, so it was not read")
+    try:
+        fd = open_entry(folder, name)
+    except UnsafeEntry as e:
+        raise RefusedFile(
+            f"it is {e}, not a regular file inside the step folder; it was not read"
+        ) from None
+    if fd is None:
+        raise RefusedFile(f"it is listed in the step's {MANIFEST} but missing")
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        if size != entry.get("size"):
+            raise RefusedFile(
+                f"it has {size} bytes, the step's {MANIFEST} says {entry.get('size')}"
+            )
+        yield f
+
+
+@contextlib.contextmanager
+def listed_path(
+    folder: Path, name: str, files: dict[str, dict[str, Any]] | None = None
+) -> Iterator[str]:
+    """For readers that take a path (safetensors): a path to the file `open_listed` opened.
+    Where the system has /proc/self/fd it names that open file, so a name swapped meanwhile
+    is not what the reader gets; elsewhere the name checked a moment ago."""
+    with open_listed(folder, name, files) as f:
+        proc = f"/proc/self/fd/{f.fileno()}"
+        yield proc if os.path.exists(proc) else str(folder / name)

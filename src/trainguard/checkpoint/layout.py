@@ -123,7 +123,10 @@ class Layout(Protocol):
     sees the snapshot; `read` restores the caller's state in place and returns the saved
     per-rank RNG states (a list indexed by rank). `name` is recorded in the manifest.
 
-    Optional: `check(folder, parts, step) -> list[Finding]` reads a verified step against the
+    Optional: `files`, the names `read` opens: a step whose manifest lacks one is passed over
+    (C111) before anything is read (`read` opens files through `checkpoint.folder.open_listed`,
+    which refuses a name the manifest does not list); `check(folder, parts, step) ->
+    list[Finding]` reads a verified step against the
     caller's objects without changing them, on rank 0 before the step is chosen (an error
     finding passes it over like a checksum mismatch: C111 when a file does not fit); a true
     `reads_unmarked` lets it read steps whose manifest predates the Checkpointer's entry;
@@ -146,6 +149,7 @@ class FlatLayout:
     """The default layout: state.json (skeleton) and state.safetensors (tensors)."""
 
     name = "flat/1"
+    files = codec.state_files("state")
 
     def snapshot(self, parts: list[Part], rng: list[dict[str, Any]], copy: bool) -> Any:
         values, tensors = {}, {}

@@ -33,6 +33,7 @@ from trainguard.checkpoint.manifest import (
 from trainguard.errors import StorageError
 from trainguard.findings import Finding
 from trainguard.util.atomic import fsync_dir, make_temp_dir
+from trainguard.util.nofollow import move_within
 
 TMP_PREFIX = ".tmp-step-"
 TRASH_PREFIX = ".trash-step-"
@@ -214,13 +215,9 @@ class LocalBackend:
         return os.path.lexists(self.root / step_dirname(step))
 
     def move_aside(self, step: int, dest: str) -> str:
-        """Rename step `step` to `<root>/<dest>` (or `<dest>.1`, ...); nothing is deleted."""
-        target = free_path(self.root / dest)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(self.root / step_dirname(step), target)
-        fsync_dir(target.parent)
-        fsync_dir(self.root)
-        return str(target)
+        """Rename step `step` to `<root>/<dest>` (or `<dest>.1`, ...); nothing is deleted, and
+        nothing leaves the root: a linked quarantine/ or attic/ is refused (LinkRefused)."""
+        return str(move_within(self.root, step_dirname(step), dest))
 
     def quick_status(self) -> dict[int, tuple[bool, bool]]:
         """{step: (committed, structurally valid)}: manifest intact, files present, sizes right."""

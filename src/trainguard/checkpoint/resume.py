@@ -5,10 +5,14 @@ rank 0 verified, which rank wrote a damaged shard, and each rank's random genera
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from trainguard.checkpoint.dcp_files import METADATA_FILE, shard_rank
-from trainguard.checkpoint.manifest import MANIFEST
+from trainguard.checkpoint.folder import read_manifest
+from trainguard.checkpoint.inventory import unloadable
+from trainguard.checkpoint.layout import FlatLayout
+from trainguard.checkpoint.manifest import MANIFEST, UnsafeEntry
 from trainguard.checkpoint.results import LoadedCheckpoint
 from trainguard.checkpoint.rng import derived_seed, restore_rng, seed_all
 from trainguard.codes import get_code
@@ -16,16 +20,30 @@ from trainguard.errors import BadInputError, NoUsableCheckpoint
 from trainguard.findings import Finding
 
 
+def unlisted(loaded: LoadedCheckpoint, names: Iterable[str]) -> list[Finding]:
+    """C111 for the first of `names` (files a load reads) that the manifest does not list:
+    it is never opened (a FIFO would block the load, a link would read outside the step)."""
+    for name in names:
+        if name not in loaded.manifest["files"]:
+            why = f"it is not listed in the step's {MANIFEST}, so it was not read"
+            return [unloadable(loaded.step, loaded.path, name, why)]
+    return []
+
+
 def check_payload(loaded: LoadedCheckpoint) -> list[Finding]:
     """Format checks after the checksums and before anything reads the payload: a sharded
-    checkpoint's DCP metadata must unpickle as plain DCP metadata (C120)."""
+    checkpoint's DCP metadata must unpickle as plain DCP metadata (C120), and every file it
+    names must be listed in the manifest (C111)."""
     info = loaded.manifest.get("meta", {}).get("checkpointer", {})
     if not info.get("sharded"):
         return []
     from trainguard.checkpoint.dcp_safe import UnsafeCheckpointError, read_dcp_metadata
 
+    found = unlisted(loaded, [METADATA_FILE])
+    if found:
+        return found
     try:
-        read_dcp_metadata(loaded.path / METADATA_FILE)
+        metadata = read_dcp_metadata(loaded.path / METADATA_FILE)
     except UnsafeCheckpointError as e:
         return [
             Finding.of(
@@ -36,14 +54,16 @@ def check_payload(loaded: LoadedCheckpoint) -> list[Finding]:
                 data={"file": METADATA_FILE},
             )
         ]
-    return []
+    data = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
+    shards = {str(getattr(s, "relative_path", "")) for s in data.values()}
+    return unlisted(loaded, [*sorted(shards), *FlatLayout.files])
 
 
 def same_manifest(folder: Path, step: int, checksum: str, rank: int) -> None:
     """BadInputError unless `folder` holds the step rank 0 verified (manifest checksum)."""
     try:
-        mine = json.loads((folder / MANIFEST).read_bytes())["manifest_checksum"]
-    except (OSError, ValueError, KeyError) as e:
+        mine = json.loads(read_manifest(folder) or b"")["manifest_checksum"]
+    except (OSError, ValueError, KeyError, TypeError, UnsafeEntry) as e:
         raise BadInputError(
             f"rank {rank} cannot read checkpoint step {step} at {folder} ({e}) although rank 0 "
             "verified it: the checkpoint root is not shared by every rank",

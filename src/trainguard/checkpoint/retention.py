@@ -114,8 +114,9 @@ def apply_retention(
     for s in plan.quarantine:
         try:
             findings.append(
-                quarantine(backend, s, rejected.pop(s, None) or backend.verify(s, full=False))
+                quarantine(backend, s, rejected.get(s) or backend.verify(s, full=False))
             )
+            rejected.pop(s, None)  # only once moved: a step left in place stays rejected
         except Exception as e:
             findings.append(_failed(backend, s, "move to quarantine", e))
     for s in plan.delete:

@@ -106,6 +106,7 @@ def _checkpoint_embedding(
     verified loader: a damaged one is a finding, a run dir falls back to the previous valid
     checkpoint. Any other safetensors file (a model from elsewhere) is read as it is.
     """
+    from trainguard.checkpoint.folder import RefusedFile, listed_path
     from trainguard.checkpoint.inventory import load_error_words, unloadable
     from trainguard.checkpoint.target import is_checkpoint_folder, open_checkpoint
     from trainguard.checks.undertrained import UnreadableWeights, load_embedding
@@ -120,10 +121,13 @@ def _checkpoint_embedding(
 
     def usable(loaded: LoadedCheckpoint) -> list[Finding]:
         file = path.name if path.is_file() else "model.safetensors"
-        try:
-            got["weights"] = load_embedding(loaded.path / file, key)
-        except UnreadableWeights as e:
-            return [unloadable(loaded.step, loaded.path, file, load_error_words(e))]
+        listed = ""
+        try:  # only a file the manifest lists, never through a link (checkpoint/folder.py)
+            with listed_path(loaded.path, file, loaded.manifest["files"]) as listed:
+                got["weights"] = load_embedding(listed, key)
+        except (UnreadableWeights, RefusedFile) as e:
+            why = load_error_words(e).replace(listed or "\0", str(loaded.path / file))
+            return [unloadable(loaded.step, loaded.path, file, why)]
         return []
 
     loaded, findings = open_checkpoint(folder if path.is_file() else path, usable)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_model
 
+from trainguard.checkpoint.folder import listed_path
 from trainguard.checkpoint.inventory import load_error_words, unloadable
 from trainguard.checkpoint.results import LoadedCheckpoint
 from trainguard.checkpoint.target import open_checkpoint
@@ -72,7 +73,8 @@ def open_for_eval(target: str | Path, device: str | torch.device = "cpu") -> Eva
             # load_model, not load_file + load_state_dict: it restores tied weights (wte and
             # lm_head) that safetensors stores once. A shape error leaves the model partly
             # loaded; the next candidate is loaded in full (strict) over it.
-            load_model(model, str(loaded.path / MODEL_FILE), strict=True)
+            with listed_path(loaded.path, MODEL_FILE, loaded.manifest["files"]) as path:
+                load_model(model, path, strict=True)
         except Exception as e:
             return [unloadable(loaded.step, loaded.path, MODEL_FILE, load_error_words(e))]
         return []

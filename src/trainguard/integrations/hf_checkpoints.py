@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoint.folder import RefusedFile, open_listed
 from trainguard.errors import CorruptError
 from trainguard.findings import Finding
 from trainguard.integrations.verified import (
@@ -25,6 +26,7 @@ from trainguard.integrations.verified import (
     quarantine_rejected,
     verify_folder,
 )
+from trainguard.util.nofollow import open_truncate
 
 STATE_FILE = "trainguard_state.json"
 PREFIX = "checkpoint-"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR + "-"
@@ -41,7 +43,8 @@ def parse_checkpoint_dirname(name: str) -> int | None:
 def commit_checkpoint(folder: Path, step: int, guard: Any, sampler: Any) -> None:
     """Add the guard's and the sampler's state to a folder the Trainer saved, then commit it."""
     saved = {"guard": guard.state_dict(), "sampler": sampler.state_dict()}
-    (folder / STATE_FILE).write_text(json.dumps(saved), encoding="utf-8")
+    with open_truncate(folder / STATE_FILE) as f:  # never through a link planted there
+        f.write(json.dumps(saved))
     commit_folder(folder, step, {"writer": "trainguard.integrations.hf"})
 
 
@@ -105,10 +108,11 @@ class TrainerCheckpoints:
 def load_state_file(folder: Path, state: dict[str, Any]) -> None:
     """Restore the objects in `state` (guard, sampler) from a folder's trainguard_state.json."""
     try:
-        saved = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        with open_listed(folder, STATE_FILE) as f:  # verified: only what the manifest lists
+            saved = json.loads(f.read().decode("utf-8"))
         for key, obj in state.items():
             obj.load_state_dict(saved[key])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RefusedFile) as e:
         raise CorruptError(
             f"{folder / STATE_FILE} does not hold the guard and sampler state: {e}",
             f"resume from a checkpoint a GuardedTrainer saved (it writes {STATE_FILE})",

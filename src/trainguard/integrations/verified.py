@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.checkpoint.folder import verify_local_folder
-from trainguard.checkpoint.local import QUARANTINE, free_path, fsync_tree
+from trainguard.checkpoint.folder import inspect_local_folder
+from trainguard.checkpoint.local import QUARANTINE, fsync_tree
 from trainguard.checkpoint.manifest import MANIFEST, build_manifest, manifest_bytes
-from trainguard.findings import Finding
-from trainguard.util.atomic import atomic_write_bytes, fsync_dir
+from trainguard.findings import Finding, has_errors
+from trainguard.util.atomic import atomic_write_bytes
+from trainguard.util.nofollow import move_within
 
 
 def commit_folder(folder: str | Path, step: int, meta: dict[str, Any] | None = None) -> None:
@@ -64,8 +66,50 @@ class Verified:
 
 
 def verify_folder(folder: str | Path, step: int) -> list[Finding]:
-    """The manifest, every file's size and checksum; [] when the folder verifies."""
-    return verify_local_folder(Path(folder), step, full=True)
+    """The manifest, every file's size and checksum, and nothing else in the folder; [] when
+    the folder verifies."""
+    folder = Path(folder)
+    manifest, findings = inspect_local_folder(folder, step, full=True)
+    if manifest is None or has_errors(findings):
+        return findings
+    return findings + unlisted_entries(folder, step, manifest["files"])
+
+
+def unlisted_entries(folder: Path, step: int, listed: dict[str, Any]) -> list[Finding]:
+    """The framework reads its folder by itself (the Trainer whatever files it finds there,
+    Lightning the .ckpt), never through the manifest: so every entry must be a regular file
+    the manifest lists. C109 for a link, FIFO, device or socket (a read could leave the
+    folder or block forever), C111 for a file the manifest does not list (it would be read
+    unverified). Links are never followed."""
+    found = []
+    pending = [folder]
+    while pending:
+        here = pending.pop()
+        with os.scandir(here) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                name = Path(entry.path).relative_to(folder).as_posix()
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif not entry.is_file(follow_symlinks=False):
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                    kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+                    found.append(_entry_finding("C109", step, folder, name, f"is {kind}"))
+                elif name != MANIFEST and name not in listed:
+                    found.append(
+                        _entry_finding("C111", step, folder, name, "is not listed in its manifest")
+                    )
+    return found
+
+
+def _entry_finding(code: str, step: int, folder: Path, name: str, what: str) -> Finding:
+    return Finding.of(
+        code,
+        f"checkpoint step {step}: {name} {what}; the framework would read it unverified, so "
+        f"{folder.name} is not resumed from",
+        step=step,
+        where=str(folder / name),
+        data={"file": name, "reason": what},
+    )
 
 
 def newest_verified(root: str | Path, prefix: str, at_most: int | None = None) -> Verified:
@@ -88,11 +132,8 @@ def quarantine_rejected(verified: Verified) -> list[Finding]:
     C112 finding each. Nothing is deleted."""
     moved = []
     for folder, problems in verified.rejected.items():
-        target = free_path(folder.parent / QUARANTINE / folder.name)
-        target.parent.mkdir(exist_ok=True)
-        os.rename(folder, target)
-        fsync_dir(target.parent)
-        fsync_dir(folder.parent)
+        # Never out of the root: a linked quarantine/ is refused (LinkRefused), not followed.
+        target = move_within(folder.parent, folder.name, f"{QUARANTINE}/{folder.name}")
         why = "; ".join(f.message for f in problems if f.severity == "error") or "invalid"
         moved.append(
             Finding.of(

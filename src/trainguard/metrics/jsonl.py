@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from trainguard.util.atomic import atomic_write_text
 from trainguard.util.inputs import read_text
+from trainguard.util.nofollow import open_append, refuse_link
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -28,12 +29,17 @@ def json_safe(v: Any) -> Any:
 class MetricsLog:
     """Append-only JSONL writer, flushed per row so a killed run loses at most one line.
 
+    The file is opened without following a link (`util/nofollow.py`): a symlinked (or FIFO)
+    metrics.jsonl or guard.jsonl is refused when the log is made and again when it is opened
+    (LinkRefused, exit 1), its target never written.
+
     A `MetricsSink` (see `metrics.sinks`): `run` uses it as the record every viewer is fed
     beside; `Guard` keeps its findings in `guard.jsonl` through it.
     """
 
     def __init__(self, run_dir: Path, filename: str = METRICS_FILE) -> None:
         self.path = Path(run_dir) / filename
+        refuse_link(self.path)  # at once, not at the first row: the error names the cause
         self._file: TextIO | None = None
 
     def truncate_after(self, step: int) -> list[dict[str, Any]]:
@@ -43,6 +49,7 @@ class MetricsLog:
         dropped step rows' batch hashes let the resumed run prove it replays the same data.
         """
         self.close()  # the file is replaced below; an open handle would write to the old one
+        refuse_link(self.path)  # its target is neither read nor replaced
         if not self.path.exists():
             return []
         kept, dropped = [], []
@@ -61,7 +68,7 @@ class MetricsLog:
     def write(self, row: dict[str, Any]) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+            self._file = open_append(self.path)
         line = json.dumps({k: json_safe(v) for k, v in row.items()}, default=str)
         self._file.write(line + "\n")
         self._file.flush()

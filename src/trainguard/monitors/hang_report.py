@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from trainguard.findings import Finding
+from trainguard.util.nofollow import open_truncate
 
 
 def report_path(run_dir: str | Path, rank: int | None = None) -> Path:
@@ -63,10 +64,11 @@ def write_hang_report(
 
     The finding's `data["stack_file"]` should name `txt`; the .json is written last, so a
     report that is listed was written whole."""
-    with open(txt, "w", encoding="utf-8") as fh:
+    with open_truncate(txt) as fh:  # never through a link planted under the name
         fh.write(header.rstrip("\n") + "\n\n")
         dump_stacks(fh, skip_thread)
-    txt.with_suffix(".json").write_text(json.dumps(finding.to_dict(), indent=2) + "\n")
+    with open_truncate(txt.with_suffix(".json")) as fh:
+        fh.write(json.dumps(finding.to_dict(), indent=2) + "\n")
 
 
 def read_hang_reports(run_dir: str | Path) -> list[Finding]:
@@ -96,7 +98,7 @@ class SigtermStackDump:
                 if old.stat().st_size == 0:  # armed by a killed process, never written
                     old.unlink()
         path = self.run_dir / f"stacks-rank{self.rank}-{os.getpid()}.txt"
-        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (kept open while armed)
+        self._file = open_truncate(path)  # kept open while armed; never through a link
         faulthandler.register(signal.SIGTERM, file=self._file, all_threads=True, chain=True)
 
     def disarm(self) -> None:

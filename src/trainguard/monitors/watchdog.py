@@ -37,6 +37,7 @@ from typing import Any
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.monitors.hang_report import main_thread_frame, report_path, write_hang_report
+from trainguard.util.nofollow import open_truncate
 
 __all__ = ["PHASES", "Watchdog"]
 # "startup" until the first heartbeat, "loop" between phases after it; the rest are set by the loop.
@@ -177,7 +178,7 @@ class Watchdog:
     def _arm_backstop(self, seconds: float) -> None:
         if self._backstop_file is None:
             path = self.run_dir / f"hang-backstop-{os.getpid()}.txt"
-            self._backstop_file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (kept open)
+            self._backstop_file = open_truncate(path)  # kept open; never through a link
         faulthandler.dump_traceback_later(seconds, exit=True, file=self._backstop_file)
 
     def _disarm_backstop(self) -> None:

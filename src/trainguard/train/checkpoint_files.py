@@ -12,10 +12,13 @@ anything changes.
 
 `eval`, `report`, `check-tokenizer` and the drills read `model.safetensors`. A checkpoint that
 verifies (its checksums match its manifest) is still untrusted data: the manifest can be
-rewritten to bless any content. `read_checkpoint` reads and checks every file against the
-model, the optimizer and the sampler without touching them, and names the first file that does
-not fit (UnloadableCheckpoint, reported as C111). Nothing is ever unpickled; torch's advice to
-pass `weights_only=False` is never passed on, since following it would run the file's code.
+rewritten to bless any content, or to leave a file out. `read_checkpoint` reads and checks
+every file against the model, the optimizer and the sampler without touching them, and names
+the first file that does not fit (UnloadableCheckpoint, reported as C111). Every file is opened
+through `checkpoint.folder.open_listed`: one the manifest does not list is never opened (a
+FIFO there would block the resume forever, a link would read a file outside the checkpoint).
+Nothing is ever unpickled; torch's advice to pass `weights_only=False` is never passed on,
+since following it would run the file's code.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_model
 
+from trainguard.checkpoint.folder import listed_path, open_listed
 from trainguard.checkpoint.inventory import load_error_words
 from trainguard.checkpoint.staging import StagedModel
 from trainguard.data.order import LoaderState
@@ -46,6 +50,8 @@ RNG_FILE = "rng.pt"
 TRAINER_FILE = "trainer.json"
 RECIPE_FILE = "recipe.yaml"
 ENV_FILE = "env.json"
+# What `read_checkpoint` reads: a step whose manifest lacks one is passed over (C111).
+READ_FILES = (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, TRAINER_FILE, LOADER_FILE, ENV_FILE)
 
 
 class UnloadableCheckpoint(Exception):
@@ -106,8 +112,14 @@ def _reading(file: str) -> Iterator[None]:
 
 
 def _json(folder: Path, file: str) -> Any:
-    with _reading(file):
-        return json.loads((folder / file).read_text(encoding="utf-8"))
+    with _reading(file), open_listed(folder, file) as f:
+        return json.loads(f.read().decode("utf-8"))
+
+
+def _torch(folder: Path, file: str) -> Any:
+    """A torch.save file's tensors and plain values; never unpickles objects."""
+    with _reading(file), open_listed(folder, file) as f:
+        return torch.load(f, weights_only=True)
 
 
 def _nonneg_int(doc: dict[str, Any], key: str) -> int:
@@ -158,8 +170,7 @@ def _trainer_doc(doc: Any, step: int | None, sampler: ElasticSampler) -> dict[st
 
 
 def _rng(folder: Path, trainer_doc: dict[str, Any]) -> list[dict[str, Any]]:
-    with _reading(RNG_FILE):
-        saved = torch.load(folder / RNG_FILE, weights_only=True)
+    saved = _torch(folder, RNG_FILE)
     with _reading(RNG_FILE):
         if isinstance(saved, dict) and "ranks" in saved:
             if not isinstance(saved["ranks"], list) or not saved["ranks"]:
@@ -183,12 +194,11 @@ def read_checkpoint(
     """Read and check every file of a verified checkpoint folder against `model`, `optimizer`
     and `sampler`, changing none of them; UnloadableCheckpoint names the first file that does
     not fit. `step`: the manifest's step, which trainer.json must agree with."""
-    with _reading(MODEL_FILE):
-        problem = model_problem(model, folder / MODEL_FILE)
+    with _reading(MODEL_FILE), listed_path(folder, MODEL_FILE) as path:
+        problem = model_problem(model, Path(path))
     if problem:
         raise UnloadableCheckpoint(MODEL_FILE, problem)
-    with _reading(OPTIMIZER_FILE):
-        optim_state = torch.load(folder / OPTIMIZER_FILE, weights_only=True)
+    optim_state = _torch(folder, OPTIMIZER_FILE)
     problem = optimizer_problem(optimizer, optim_state)
     if problem:
         raise UnloadableCheckpoint(OPTIMIZER_FILE, problem)

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 from safetensors.torch import load_model
 
+from trainguard.checkpoint.folder import listed_path
 from trainguard.checkpoint.inventory import unloadable
 from trainguard.checkpoint.layout import Part
 from trainguard.checkpoint.staging import Staging, one_thread
@@ -32,6 +33,7 @@ from trainguard.data.order import LoaderState
 from trainguard.findings import Finding
 from trainguard.train.checkpoint_files import (
     MODEL_FILE,
+    READ_FILES,
     CheckpointContent,
     CheckpointFiles,
     UnloadableCheckpoint,
@@ -69,6 +71,7 @@ class RunLayout:
 
     name = "trainguard-run/1"
     reads_unmarked = True  # run's checkpoints from before the Checkpointer have no layout entry
+    files = READ_FILES  # a step whose manifest lacks one is passed over (C111)
 
     def __init__(
         self,
@@ -175,7 +178,8 @@ class RunLayout:
             except UnloadableCheckpoint as e:
                 raise UnloadableCheckpoint(e.file, f"checkpoint step {step}: {e.why}") from None
         # load_model, not load_file + load_state_dict: it restores tied weights stored once.
-        load_model(model, str(folder / MODEL_FILE), strict=True)
+        with listed_path(folder, MODEL_FILE) as path:
+            load_model(model, path, strict=True)
         optimizer.load_state_dict(content.optimizer)
         trainer = content.trainer
         sampler.load_state_dict(trainer["sampler"].state_dict())

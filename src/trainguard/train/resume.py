@@ -25,6 +25,7 @@ import yaml
 
 from trainguard.checkpoint.checkpointer import Checkpointer
 from trainguard.checkpoint.failures import describe
+from trainguard.checkpoint.folder import RefusedFile, open_listed
 from trainguard.checkpoint.layout import Layout
 from trainguard.checkpoint.local import ATTIC, free_path
 from trainguard.checkpoint.store import CheckpointStore
@@ -225,8 +226,9 @@ def _checkpoint_max_steps(folder: Path | None) -> int | None:
     """train.max_steps of a checkpoint's recipe.yaml (written before schedules were saved);
     None when it cannot be read: the plan is then taken to be the current max_steps."""
     try:
-        doc = yaml.safe_load((Path(folder) / RECIPE_FILE).read_text(encoding="utf-8"))  # type: ignore[arg-type]
+        with open_listed(Path(folder), RECIPE_FILE) as f:  # type: ignore[arg-type]
+            doc = yaml.safe_load(f.read().decode("utf-8"))
         value = doc["train"]["max_steps"]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, RefusedFile):
         return None
     return value if type(value) is int and value >= 1 else None

@@ -17,7 +17,6 @@ and `train/spine.py` runs them: `train_step` is one step, top to bottom.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,6 +53,7 @@ from trainguard.train.resume import (
     start_fresh,
 )
 from trainguard.train.spine import Loop, train
+from trainguard.util.atomic import atomic_copy
 
 __all__ = ["run_recipe"]
 
@@ -180,7 +180,8 @@ class Run:
         loop.trainer.schedule = layout.schedule = schedule
         if ctx.is_main:
             rundir.write_recipe(self.run_dir, self.recipe_dict)
-            shutil.copyfile(data.tokenizer_path, self.run_dir / "tokenizer.json")
+            # A whole-file replace: a link there is refused, its target never overwritten.
+            atomic_copy(data.tokenizer_path, self.run_dir / "tokenizer.json")
         found = list(checkpointer.last_findings)  # damaged steps passed over, junk, C121
         if step is not None:
             refuse_changed_data(

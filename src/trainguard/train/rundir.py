@@ -27,6 +27,7 @@ from trainguard.config.load import RECIPE_FILE, RESUMABLE_KEYS, read_run_recipe,
 from trainguard.errors import ResumeMismatchError, RunDirBusyError, StorageError, TrainguardError
 from trainguard.monitors.watchdog import remove_unused_backstops
 from trainguard.util.atomic import atomic_write_text
+from trainguard.util.nofollow import refuse_links_before_start
 from trainguard.util.runlock import HOLDER_ENV, LOCK_FILE, FolderLock, held_by
 
 if TYPE_CHECKING:
@@ -84,8 +85,25 @@ def hold_run_dir(run_dir: Path, dist: Dist) -> Iterator[FolderLock | None]:
             lock.release()
 
 
+# What a run writes or moves in its run dir: a link (or FIFO, device) at any of these is
+# refused before anything starts, never written through (util/nofollow.py).
+RUN_FILES = (
+    RECIPE_FILE,
+    "tokenizer.json",
+    "metrics.jsonl",
+    "preflight_cache.json",
+    "report.html",
+    "report.md",
+    "attic",
+    "checkpoints/quarantine",
+    "checkpoints/attic",
+)
+
+
 def ensure_writable(run_dir: Path) -> None:
-    """Create the run dir and prove we can write there, before any expensive work."""
+    """Create the run dir and prove we can write there, before any expensive work; refuse
+    links where the run's own files go (BadInputError, exit 2)."""
+    refuse_links_before_start(run_dir, RUN_FILES, f"run dir {run_dir}")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         # mkstemp: an unpredictable name opened with O_EXCL, so a planted symlink is never

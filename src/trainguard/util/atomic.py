@@ -4,7 +4,9 @@ Every output file trainguard writes goes through `atomic_paths` (or `atomic_writ
 `atomic_write_text`, built on it): the data is written to an unpredictable temporary name in
 the target's folder (`tempfile.mkstemp`/`mkdtemp`: O_CREAT|O_EXCL, and O_NOFOLLOW, so a symlink
 planted under a guessable name is never followed and nothing outside the target is written),
-flushed to disk and renamed onto the target only when everything succeeded. A failed write
+flushed to disk and renamed onto the target only when everything succeeded; a target that
+is a symbolic link is refused (`util/nofollow.py`: LinkRefused, exit 1), never written
+through nor silently replaced. A failed write
 (disk full, read-only folder, a folder where the file goes) leaves no partial output behind and
 raises `OutputWriteError` naming the path (exit 1).
 """
@@ -14,11 +16,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from trainguard.errors import OutputWriteError
+from trainguard.util.nofollow import refuse_link
 
 _FIXES = {
     errno.ENOSPC: "free disk space, or write to another disk",
@@ -129,6 +133,9 @@ def atomic_paths(*targets: str | Path) -> Iterator[list[Path]]:
     try:
         for target in paths:
             current = target
+            # The rename would replace a link, not write its target; a link where an output
+            # belongs is refused all the same (util/nofollow.py says why).
+            refuse_link(target)
             if target.is_dir():
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
             made += reversed([d for d in (target.parent, *target.parent.parents) if not d.exists()])
@@ -174,3 +181,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_copy(source: str | Path, target: str | Path) -> None:
+    """Copy the file `source` to `target` as a whole-file write (never through a link)."""
+    with atomic_paths(target) as (tmp,):
+        shutil.copyfile(source, tmp)
