@@ -120,6 +120,15 @@ class PreparedData:
                     data=self.stats.to_dict(),
                 )
             )
+        if self.stats.skipped_links:
+            out.append(
+                Finding.of(
+                    "D105",
+                    f"{self.stats.skipped_links} file(s) of {self.manifest['source']!r} are "
+                    "symbolic links to files outside the folder and were not read",
+                    data=self.stats.to_dict(),
+                )
+            )
         return out
 
 
@@ -230,6 +239,7 @@ def write_prepared_manifest(
                 "add documents or change data.val_fraction",
             )
     tok_path = folder / TOKENIZER_FILE
+    stats.skipped_links = len(corpus.links_out(data_cfg.source))  # the listing both engines read
     manifest = {
         "format_version": FORMAT_VERSION,
         "source": data_cfg.source,
