@@ -277,4 +277,4 @@ def register(app: typer.Typer) -> None:
         html_path, md_path = write_report(run_dir, skipped)
         for line in skipped:
             err_console.print(f"warning: {line}", markup=False, soft_wrap=True)
-        console.print(f"wrote {html_path} and {md_path}", markup=False)
+        console.print(f"wrote {html_path} and {md_path}", markup=False, soft_wrap=True)
