@@ -105,7 +105,7 @@ def _band(recipe: dict[str, Any]) -> dict[str, Any] | None:
         return None
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # no band drawn from a damaged file
         return None
 
 
