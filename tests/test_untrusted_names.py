@@ -98,3 +98,12 @@ def test_findings_table_prints_markup_as_typed() -> None:
     with console.capture() as out:
         console.print(findings_table([f]))
     assert all(typed in out.get() for typed in ("[/x] [b]", "[/y]", "m[/b]", "error"))
+
+
+def test_a_spec_built_in_code_reads_data_anywhere(tmp_path: Path) -> None:
+    from trainguard.evals.spec import EvalSpec
+
+    (tmp_path / "x.jsonl").write_text(json.dumps({"prompt": "a", "answer": "b"}) + "\n")
+    task = {"name": "t", "type": "generation", "data": str(tmp_path / "x.jsonl")}
+    spec = EvalSpec.model_validate({"name": "s", "tasks": [task]})  # the caller's own spec
+    assert read_task_data(spec, spec.tasks[0]) == [{"prompt": "a", "answer": "b"}]

@@ -148,14 +148,17 @@ _REQUIRED = {
 def task_data_path(spec: EvalSpec, task: TaskSpec) -> Path:
     """Where the task's `data` is: resolved under the spec's folder, which it must not leave.
 
-    A spec is often someone else's file: `data: ../x.jsonl`, an absolute path or a link out of
+    A spec file is often someone else's: `data: ../x.jsonl`, an absolute path or a link out of
     the folder would let it read (and `data contamination` quote) any file the user can read,
-    so each is refused (EvalSpecError, exit 2) before anything is opened.
+    so each is refused (EvalSpecError, exit 2) before anything is opened. An `EvalSpec` built
+    in code (no `path`) is the caller's own: its data is resolved from the current folder and
+    may be anywhere.
     """
     assert task.data is not None
-    base = Path(spec.path).parent if spec.path else Path.cwd()
-    root = base.resolve()
-    path = (base / task.data).resolve()  # links followed: a link out of the folder is caught
+    if not spec.path:
+        return (Path.cwd() / task.data).resolve()
+    root = Path(spec.path).parent.resolve()
+    path = (root / task.data).resolve()  # links followed: a link out of the folder is caught
     if Path(task.data).is_absolute() or not path.is_relative_to(root):
         raise EvalSpecError(
             f"eval spec {spec.path or spec.name}, task {task.name!r}: data {task.data!r} is "
