@@ -94,3 +94,21 @@ def test_a_raw_line_separator_inside_a_string_does_not_cut_the_row(tmp_path: Pat
     line = '{"step": 1, "note": "a\u2028b", "loss": 2.0}'
     assert [r["note"] for r in jsonl_rows(tmp_path / "m.jsonl", line + "\n")] == ["a\u2028b"]
     assert [r["note"] for _, r, _ in iter_rows(line + "\n")] == ["a\u2028b"]
+
+
+def test_follow_never_buffers_a_line_without_end(tmp_path: Path) -> None:
+    from trainguard.metrics.formats import follow_rows
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n' + "a" * (MAX_LINE_CHARS + 10))
+    with pytest.raises(DataError, match=r"m.jsonl:2: the line is longer than"):
+        list(follow_rows(path, poll_s=0.01, idle_timeout_s=5))
+
+
+def test_a_trainer_state_nested_too_deep_is_bad_input(tmp_path: Path) -> None:
+    from trainguard.metrics.formats import trainer_state_rows
+
+    path = tmp_path / "trainer_state.json"
+    path.write_text('{"log_history": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(DataError, match="too deep"):
+        list(trainer_state_rows(path))
