@@ -168,7 +168,7 @@ ROWS = [
     row(
         "batch-metrics-row-nested-too-deep",
         *("batch", "{run_deep}", "--step", "2"),
-        says=("no prepared data",),
+        says=("metrics.jsonl:6: values nest deeper than 64 levels", "no prepared data"),
     ),
     # --- reference record -----------------------------------------------------------------
     *[
@@ -217,7 +217,7 @@ ROWS = [
         "reference-record-metrics-row-nested-too-deep",
         *("reference", "record", "{finished_deep}", "--out", "{out}/r.json"),
         exit=0,
-        says=("wrote",),
+        says=("metrics.jsonl:5: values nest deeper than 64 levels", "wrote"),
         may_create=("out/r.json",),
     ),
     row(
