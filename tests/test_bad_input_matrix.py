@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import threading
@@ -198,6 +199,12 @@ ROWS = [
         *("batch", "{run_ok}", "--step", "2", "--html", "{run_ok}/b.html"),
         says=("inside the input folder",),
     ),
+    # issue 26: readers (a metric row nested 100,000 deep is skipped, not a RecursionError)
+    row(
+        "batch-metrics-row-nested-too-deep",
+        *("batch", "{run_deep}", "--step", "2"),
+        says=("metrics.jsonl:6: values nest deeper than 64 levels", "no prepared data"),
+    ),
     # --- reference record -----------------------------------------------------------------
     *[
         row(f"reference-record-{name}", "reference", "record", run, "--out", out, **kw)
@@ -304,6 +311,19 @@ ROWS = [
             ),
         ]
     ],
+    # issue 26: readers (damaged metric rows: skipped, or a 400-digit loss is non-finite)
+    row(
+        "reference-record-metrics-row-nested-too-deep",
+        *("reference", "record", "{finished_deep}", "--out", "{out}/r.json"),
+        exit=0,
+        says=("metrics.jsonl:5: values nest deeper than 64 levels", "wrote"),
+        may_create=("out/r.json",),
+    ),
+    row(
+        "reference-record-metrics-loss-of-400-digits",
+        *("reference", "record", "{finished_big}", "--out", "{out}/r.json"),
+        says=("non-finite loss at step 3",),
+    ),
     # --- recipes --------------------------------------------------------------------------
     row("recipes-unknown-option", "recipes", "--bogus", says=("--bogus",)),
     # --- report ---------------------------------------------------------------------------
@@ -321,6 +341,28 @@ ROWS = [
         *("report", "{run_report_link}"),
         exit=1,
         says=("report.html", "symbolic link"),
+    ),
+    # issue 26: readers (markup in the run dir's name; damaged metric rows)
+    row(
+        "report-run-dir-with-markup",
+        *("report", "{run_markup}"),
+        exit=0,
+        says=("wrote", "m[/b]/report.html"),
+        may_create=("m?/b?/report.*",),
+    ),
+    row(
+        "report-metrics-row-nested-too-deep",
+        *("report", "{run_deep}"),
+        exit=0,
+        says=("metrics.jsonl:6: values nest deeper than 64 levels", "wrote"),
+        may_create=("run-deep/report.*",),
+    ),
+    row(
+        "report-metrics-number-of-400-digits",
+        *("report", "{run_big}"),
+        exit=0,
+        says=("wrote",),
+        may_create=("run-big/report.*",),
     ),
     # --- check-model ----------------------------------------------------------------------
     row(
@@ -344,6 +386,12 @@ ROWS = [
         *("check-model", "{models}:make"),
         says=("is a folder",),
         never_says=NOT_EXIST,
+    ),
+    # issue 26: readers (a factory that exits: bad input, not its own status)
+    row(
+        "check-model-factory-calls-exit",
+        *("check-model", "{models}/exits.py:make"),
+        says=("exits.py:make", "called exit(7)"),
     ),
     # --- check-precision ------------------------------------------------------------------
     row(
@@ -398,6 +446,13 @@ ROWS = [
         exit=1,
         says=("C111", "model.safetensors", "not listed"),
     ),
+    # issue 26: readers (a shard that is a FIFO is named as one, and never read)
+    row(
+        "check-tokenizer-prepared-shard-is-a-fifo",
+        *("check-tokenizer", "{tokenizer}", "--prepared", "{prepared_fifo}"),
+        says=("train-00000.bin", "not a regular file"),
+        never_says=(*NOT_EXIST, "missing"),
+    ),
     # --- data prepare ---------------------------------------------------------------------
     *[
         row(f"data-prepare-{name}", "data", "prepare", src, "--out", out, *SMALL, *rest, **kw)
@@ -439,6 +494,14 @@ ROWS = [
             ),
         ]
     ],
+    # issue 26: readers (a file link out of the source folder is not read: D105)
+    row(
+        "data-prepare-file-link-out-of-the-source",
+        *("data", "prepare", "{corpus_linked}", "--out", "{out}/p", *SMALL, "--no-progress"),
+        exit=0,
+        says=("D105", "1 file(s)"),
+        may_create=("out/p", "out/p/*"),
+    ),
     # --- data dedup -----------------------------------------------------------------------
     # (Text that is not valid Unicode, a lone surrogate included, is not bad input: every
     # command reads it, tests/test_sources.py.)
@@ -626,6 +689,12 @@ ROWS = [
             ("builtin-needs-held-out", "{corpus}", "python_next_line", (), {"says": ("held-out",)}),
         ]
     ],  # fmt: skip
+    # issue 26: readers (an eval spec's data stays in the spec's folder)
+    row(
+        "data-contamination-spec-data-outside-its-folder",
+        *("data", "contamination", "{good}", "--evals", "{spec_outside}"),
+        says=("'../x.jsonl' is outside the spec's folder",),
+    ),
     # --- data order-check -----------------------------------------------------------------
     row("data-order-check-missing", "data", "order-check", "{inputs}/ids.txt", says=NOT_EXIST),
     row(
@@ -788,6 +857,32 @@ ROWS = [
         says=("UTF-8",),
     ),
     row("watch-a-folder", "watch", "{inputs}", says=("folder",), never_says=NOT_EXIST),
+    # issue 26: readers (devices and FIFOs named, never read; markup in a column; bad rows)
+    row(
+        "watch-dev-zero",
+        *("watch", "/dev/zero"),
+        says=("/dev/zero is not a regular file",),
+        never_says=NOT_EXIST,
+    ),
+    row(
+        "watch-follow-dev-zero",
+        *("watch", "/dev/zero", "--follow", "--idle-timeout", "0.2"),
+        says=("/dev/zero is not a regular file",),
+        never_says=NOT_EXIST,
+    ),
+    row("watch-fifo", "watch", "{fifo}", says=("not a regular file",), never_says=NOT_EXIST),
+    row(
+        "watch-column-with-markup",
+        *("watch", "{metrics_markup}", "--metric", "[/x]=loss"),
+        exit=1,
+        says=("R101", "[/x]"),
+    ),
+    row(
+        "watch-metrics-row-nested-too-deep",
+        *("watch", "{metrics_deep}"),
+        says=("metrics-deep.jsonl:6: values nest deeper than 64 levels",),
+    ),
+    row("watch-metrics-number-of-400-digits", "watch", "{metrics_big}", exit=1, says=("R101",)),
     # --- drill ----------------------------------------------------------------------------
     row(
         "drill-markdown-is-recipe",
@@ -886,6 +981,12 @@ ROWS = [
             ("choices_empty", ("line 1", "choices", "empty")),
         ]
     ],
+    # issue 26: readers (an eval spec's data stays in the spec's folder)
+    row(
+        "eval-lint-spec-data-outside-its-folder",
+        *("eval", "lint", "{spec_outside}"),
+        says=("'../x.jsonl' is outside the spec's folder",),
+    ),
     # --- scale run (every problem is found before the first cell runs) ---------------------
     *[
         row(
@@ -1186,6 +1287,42 @@ class Workspace:
         p["step_unlisted"].mkdir()
         _write(p["step_unlisted"] / "manifest.json", forge_manifest(3, {}))
         (p["step_unlisted"] / "model.safetensors").symlink_to(p["outside"])
+        # issue 26: readers (damaged metric rows, markup in names, FIFOs, links and paths out)
+        deep = '{"kind": "step", "step": 3, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+        big = '{"kind": "step", "step": 3, "loss": ' + "9" * 400 + ', "batch_hash": "b3"}\n'
+        for name, bad in (("deep", deep), ("big", big)):
+            _write(inputs / f"metrics-{name}.jsonl", metrics + bad)
+            p[f"metrics_{name}"] = inputs / f"metrics-{name}.jsonl"
+            run = p[f"run_{name}"] = root / f"run-{name}"
+            run.mkdir()
+            _write(run / "metrics.jsonl", metrics + bad)
+            _write(run / "recipe.yaml", yaml.safe_dump(recipe))
+            run = p[f"finished_{name}"] = root / f"finished-{name}"
+            shutil.copytree(p["finished_run"], run)
+            lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+            _write(run / "metrics.jsonl", "".join(lines[:4]) + bad + "".join(lines[4:]))
+        run = p["run_markup"] = root / "m[" / "b]"  # the run dir `m[/b]`: markup, if read so
+        shutil.copytree(p["run_ok"], run)
+        rows = [{"step": s, "[/x]": 3.0 - s / 100} for s in range(1, 40)]
+        rows[20]["[/x]"] = "nan"
+        p["metrics_markup"] = _write(
+            inputs / "metrics-markup.jsonl", "".join(json.dumps(r) + "\n" for r in rows)
+        )
+        p["fifo"] = inputs / "metrics.fifo.jsonl"
+        os.mkfifo(p["fifo"])
+        p["prepared_fifo"] = inputs / "prepared-fifo"
+        shutil.copytree(_prepared_folder(cache), p["prepared_fifo"])
+        (p["prepared_fifo"] / "train-00000.bin").unlink()
+        os.mkfifo(p["prepared_fifo"] / "train-00000.bin")
+        _write(models / "exits.py", "import sys\n\n\ndef make():\n    sys.exit(7)\n")
+        _write(inputs / "secret.txt", "a file outside the source folder " + _doc(3) + "\n")
+        linked = p["corpus_linked"] = inputs / "linked"
+        shutil.copytree(corpus, linked)
+        (linked / "zz-secret.txt").symlink_to(inputs / "secret.txt")
+        (inputs / "specs").mkdir()
+        spec = {"name": "o", "tasks": [{"name": "t", "type": "generation", "data": "../x.jsonl"}]}
+        _write(inputs / "x.jsonl", json.dumps({"prompt": "2+2=", "answer": "4"}) + "\n")
+        p["spec_outside"] = _write(inputs / "specs" / "out.yaml", yaml.safe_dump(spec))
         self.paths = p
 
     def format(self, arg: str) -> str:
@@ -1198,7 +1335,12 @@ class Workspace:
             rel = path.relative_to(self.root).as_posix()
             if "__pycache__" in rel or (path.is_dir() and not path.is_symlink()):
                 continue
-            data = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+            if path.is_symlink():
+                data = os.readlink(path).encode()
+            elif not path.is_file():  # a FIFO: never read (it would block)
+                data = str(path.stat().st_mode).encode()
+            else:
+                data = path.read_bytes()
             out[rel] = hashlib.sha256(data).hexdigest()
         return out
 
@@ -1226,6 +1368,20 @@ def _tokenizer_json() -> str:
 
 def _tokenizer(path: Path) -> Path:
     return _write(path, _tokenizer_json())
+
+
+@functools.cache
+def _prepared_folder(cache: Path) -> Path:
+    """A real prepared data folder, built once per module (under the module's data cache)."""
+    from trainguard.config.schema import DataConfig, TokenizerConfig
+    from trainguard.data.prepare import prepare_data
+
+    source = cache / "prepared-source"
+    source.mkdir()
+    for i in range(20):
+        _write(source / f"doc{i:02d}.txt", _doc(i) + "\n")
+    data = DataConfig(source=str(source), seq_len=8, val_fraction=0.2, cache_dir=str(cache))
+    return prepare_data(data, TokenizerConfig(vocab_size=260), progress=False).dir
 
 
 # --- faults ----------------------------------------------------------------------------------

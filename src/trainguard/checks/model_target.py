@@ -22,6 +22,16 @@ class ModelTargetError(BadInputError):
 _FORMAT = "give TARGET as path/to/file.py:factory or package.module:factory"
 
 
+def _called_exit(what: str, e: SystemExit) -> ModelTargetError:
+    """A user's file or factory that calls exit() (SystemExit is no Exception): bad input,
+    exit 2 as the table says, never its own status (SystemExit(7) would exit 7)."""
+    return ModelTargetError(
+        f"{what} called exit({e.code!r}) instead of returning",
+        "the model file must not exit when imported, and the factory must return the model "
+        "(remove the sys.exit()/exit() call, or guard it with `if __name__ == '__main__':`)",
+    )
+
+
 def _import_target_module(spec: str) -> Any:
     path = Path(spec)
     if spec.endswith(".py") or path.exists():
@@ -40,6 +50,8 @@ def _import_target_module(spec: str) -> Any:
             raise ModelTargetError(
                 f"importing {spec} raised {type(e).__name__}: {e}", "fix the error in that file"
             ) from e
+        except SystemExit as e:
+            raise _called_exit(f"importing {spec}", e) from None
         finally:
             sys.path.remove(str(path.resolve().parent))
         return module
@@ -50,6 +62,8 @@ def _import_target_module(spec: str) -> Any:
             f"cannot import module {spec!r}: {type(e).__name__}: {e}",
             f"{_FORMAT}; the module must be importable (installed or on PYTHONPATH)",
         ) from e
+    except SystemExit as e:
+        raise _called_exit(f"importing module {spec!r}", e) from None
 
 
 def load_model(target: str) -> nn.Module:
@@ -72,6 +86,8 @@ def load_model(target: str) -> nn.Module:
             f"{attr}() raised {type(e).__name__}: {e}",
             "make the factory callable with no arguments",
         ) from e
+    except SystemExit as e:
+        raise _called_exit(f"the factory {target} ({attr}())", e) from None
     if not isinstance(model, nn.Module):
         raise ModelTargetError(
             f"{attr}() returned {type(model).__name__}, not a torch.nn.Module",

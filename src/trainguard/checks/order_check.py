@@ -57,6 +57,11 @@ def _factory_samples(spec: str) -> Iterator[tuple[Any, str | None]]:
         sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as e:  # no Exception: its status would leave the exit table
+        raise BadInputError(
+            f"importing {module_name!r} for the sampler {spec!r} called exit({e.code!r})",
+            "the module must not exit when imported (guard it with `if __name__ == '__main__':`)",
+        ) from None
     except Exception as e:  # noqa: BLE001 - the user's module: report, never a traceback
         raise BadInputError(
             f"cannot import {module_name!r} for the sampler {spec!r}: {type(e).__name__}: {e}",
@@ -71,6 +76,11 @@ def _factory_samples(spec: str) -> Iterator[tuple[Any, str | None]]:
     try:
         sampler = factory()
         items: Iterable[Any] = iter(sampler)
+    except SystemExit as e:
+        raise BadInputError(
+            f"the sampler factory {spec!r} called exit({e.code!r}) instead of returning",
+            "make the factory return the sampler (an iterable of ids), without exiting",
+        ) from None
     except Exception as e:  # noqa: BLE001
         raise BadInputError(
             f"the sampler factory {spec!r} failed: {type(e).__name__}: {e}",

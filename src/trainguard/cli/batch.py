@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from trainguard.cli.common import console, emit
+from trainguard.cli.common import console, emit, err_console
 
 
 def register(app: typer.Typer) -> None:
@@ -32,7 +32,12 @@ def register(app: typer.Typer) -> None:
         if html is not None:
             refuse_overwrite({"--html": html}, run_inputs(run_dir))  # before reading anything
             check_writable(html)
-        view = decode_batch(run_dir, step)
+        skipped: list[str] = []
+        try:
+            view = decode_batch(run_dir, step, skipped)
+        finally:  # damaged log lines the batch was looked up without, said even when it fails
+            for line in skipped:
+                err_console.print(f"warning: {line}", markup=False, soft_wrap=True)
         if html is not None:
             from trainguard.report.build import render_batch_html
 

@@ -18,13 +18,18 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperGroup
 
 from trainguard.errors import ExitStatus, TrainguardError, exit_status_for
 from trainguard.findings import Finding, has_errors
 
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# Markup is off by default: what the commands print is mostly user strings (paths, column and
+# recipe names, messages) and "[/x]" in any of them would be read as a tag (a MarkupError
+# traceback, or text restyled). A print that means markup says so (`markup=True`) and escapes
+# every value it interpolates; table cells and titles are plain text.
+console = Console(stderr=False, highlight=False, markup=False)
+err_console = Console(stderr=True, highlight=False, markup=False)
 
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -77,10 +82,7 @@ def findings_table(findings: list[Finding], title: str = "Findings") -> Table:
             if x
         )
         style = _SEVERITY_STYLE.get(f.severity, "")
-        # Messages quote user data (paths, decoded tokens such as "[/INST]"): never markup.
-        table.add_row(
-            f.code, f"[{style}]{f.severity}[/]", escape(where), escape(f.message), escape(f.fix)
-        )
+        table.add_row(f.code, Text(f.severity, style=style), where, f.message, f.fix)
     return table
 
 
@@ -106,5 +108,7 @@ def emit(
         verdict = "[bold green]ok[/]" if ok else "[bold red]failed[/]"
         n_err = sum(f.severity == "error" for f in findings)
         n_warn = sum(f.severity == "warning" for f in findings)
-        console.print(f"{title}: {verdict} ({n_err} errors, {n_warn} warnings)")
+        console.print(
+            f"{escape(title)}: {verdict} ({n_err} errors, {n_warn} warnings)", markup=True
+        )
     raise typer.Exit(exit_status(findings))

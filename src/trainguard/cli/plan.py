@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from trainguard.cli.common import console, emit
@@ -38,7 +37,7 @@ def _table(plan: Any, inputs: dict[str, Any], result: dict[str, Any]) -> Table:
             f"{sim['ettr']:.4f} [{lo:.4f}, {hi:.4f}] ({sim['cycles']} failures{off})",
         )
     else:
-        table.add_row("simulated ETTR", escape(f"skipped: {sim['skipped']}"))
+        table.add_row("simulated ETTR", f"skipped: {sim['skipped']}")
     for name, share in plan.expected.losses.items():
         mark = "  <- dominates" if name == plan.expected.dominant else ""
         table.add_row(_LOSS_NAMES[name], f"{share:.2%}{mark}")
@@ -50,7 +49,7 @@ def _table(plan: Any, inputs: dict[str, Any], result: dict[str, Any]) -> Table:
         )
     for name, inp in inputs.items():
         note = f": {inp.note}" if inp.note else ""
-        table.add_row(FLAGS[name], escape(f"{inp.value:.6g} ({inp.source}{note})"))
+        table.add_row(FLAGS[name], f"{inp.value:.6g} ({inp.source}{note})")
     return table
 
 
@@ -170,5 +169,5 @@ def register(app: typer.Typer) -> None:
         if not as_json:
             console.print(_table(plan, inputs, result))
             for p in result.get("plots", []):
-                console.print(f"wrote {escape(p)}")
+                console.print(f"wrote {p}")
         emit(plan_findings(plan), as_json, extra=result, title="Goodput plan")

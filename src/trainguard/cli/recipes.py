@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from trainguard.cli.common import console, emit
 
@@ -21,7 +22,11 @@ def register(app: typer.Typer) -> None:
         entries = catalog()
         if not as_json:
             for e in entries:
-                console.print(f"[bold]{e['name']}[/]: {e.get('description', '')}", soft_wrap=True)
+                console.print(
+                    f"[bold]{escape(str(e['name']))}[/]: {escape(str(e.get('description', '')))}",
+                    markup=True,
+                    soft_wrap=True,
+                )
                 if "purpose" not in e:
                     console.print("  not in the tested library", soft_wrap=True)
                     continue

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from trainguard.cli._groups import group
-from trainguard.cli.common import console, emit
+from trainguard.cli.common import console, emit, err_console
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +31,12 @@ def register(app: typer.Typer) -> None:
 
         refuse_overwrite({"--out": out}, run_inputs(run_dir))  # before reading anything
         check_writable(out)
-        curve, findings = record_reference(run_dir)
+        skipped: list[str] = []
+        try:
+            curve, findings = record_reference(run_dir, skipped)
+        finally:  # damaged log lines the curve was read without, said even when it fails
+            for line in skipped:
+                err_console.print(f"warning: {line}", markup=False, soft_wrap=True)
         curve.save(out)
         extra = {
             "out": str(out),

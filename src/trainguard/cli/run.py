@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from typer.core import TyperCommand
 
 from trainguard.cli.common import console, err_console, findings_table
@@ -77,7 +78,8 @@ class _RunOutput:
             console.print(
                 f"[bold]done[/]: step {result.final_step}, val_loss "
                 f"{result.final_val_loss:.4f}, val_bpb {result.final_val_bpb:.4f}, "
-                f"report {result.run_dir / 'report.html'}"
+                f"report {escape(str(result.run_dir / 'report.html'))}",
+                markup=True,
             )
 
 
@@ -286,5 +288,8 @@ def register(app: typer.Typer) -> None:
         """Regenerate RUN_DIR/report.html and RUN_DIR/report.md from the run's files."""
         from trainguard.report.build import write_report
 
-        html_path, md_path = write_report(run_dir)
-        console.print(f"wrote {html_path} and {md_path}")
+        skipped: list[str] = []
+        html_path, md_path = write_report(run_dir, skipped)
+        for line in skipped:
+            err_console.print(f"warning: {line}", markup=False, soft_wrap=True)
+        console.print(f"wrote {html_path} and {md_path}", markup=False, soft_wrap=True)

@@ -81,6 +81,20 @@ register(
         false_positives="None: even an innocent edit changes which text each sample id means.",
     ),
     Code(
+        code="D105",
+        title="Corpus files skipped: links that lead out of the source folder",
+        severity="warning",
+        catches="Files of a source folder that are symbolic links to files outside the folder; "
+        "they are not read (links to folders, FIFOs and devices are never read either).",
+        why="A source folder is the data: a link that leads elsewhere (another user's files, "
+        "/etc, a mount that changes) would pull unlisted, unreviewed files into the corpus, "
+        "and the prepared data would change when the link's target does.",
+        fix="Copy the linked files into the source folder (cp -L), or point data.source at the "
+        "folder that holds them; the count is in the manifest's `stats.skipped_links`.",
+        false_positives="Folders assembled from links on purpose (a Hugging Face cache "
+        "snapshot links to its blobs): copy them with `cp -rL` first.",
+    ),
+    Code(
         code="D110",
         title="Data order diverged on resume: batch hash mismatch",
         severity="error",

@@ -5,7 +5,8 @@
 
 - `"stdlib"`: the running Python's standard library source, test folders left out;
 - a folder: every file below it, sorted, hidden ones (a name starting with ".") left out, one
-  document per file (its id is the relative path);
+  document per file (its id is the relative path); links to folders, FIFOs and devices are not
+  read, nor a file link whose target is outside the folder (counted, D105 at `data prepare`);
 - a JSON Lines file (`JSONL_SUFFIXES`: .jsonl, .ndjson, any case): one JSON object per line with
   a string `text_field`; blank lines are not records;
 - a Parquet file (`PARQUET_SUFFIXES`: .parquet, .pq, any case) with a `text_field` column.
@@ -90,6 +91,8 @@ class CorpusStats:
     skipped_non_utf8: int = 0
     skipped_empty: int = 0
     bytes: int = 0
+    skipped_links: int = 0
+    """File links of a source folder that lead out of it: not read (D105)."""
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -104,28 +107,52 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def _walk(root: Path, skip_dir: Any) -> list[tuple[str, Path]]:
-    out = []
+def _walk(
+    root: Path, skip_dir: Any, contained: bool = False
+) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(files, links left out): regular files below `root`, sorted by relative id; folder
+    links are never followed (os.walk), nor FIFOs or devices read. `contained`: a file link
+    whose target is outside `root` is left out too (its id is in the second list)."""
+    out, links_out = [], []
+    real_root = os.path.realpath(root)
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if not skip_dir(d)]  # pruned while walking
         for name in filenames:
             path = Path(dirpath) / name
-            if not name.startswith(".") and path.is_file():
-                out.append((path.relative_to(root).as_posix(), path))
-    return sorted(out)
+            if name.startswith(".") or not path.is_file():
+                continue
+            rel = path.relative_to(root).as_posix()
+            if contained and path.is_symlink():
+                target = os.path.realpath(path)
+                if os.path.commonpath([real_root, target]) != real_root:
+                    links_out.append(rel)
+                    continue
+            out.append((rel, path))
+    return sorted(out), sorted(links_out)
 
 
 def stdlib_files() -> list[tuple[str, Path]]:
     """(relative id, path) of the stdlib's `.py` files without test folders, sorted by id."""
-    # site-packages can be far larger than the stdlib itself.
-    files = _walk(stdlib_root(), lambda d: d in _TEST_DIRS or d.endswith("_test"))
+    # site-packages can be far larger than the stdlib itself. The stdlib is the interpreter's
+    # own: its links (a distribution's sitecustomize.py) are followed.
+    files, _ = _walk(stdlib_root(), lambda d: d in _TEST_DIRS or d.endswith("_test"))
     return [(rel, path) for rel, path in files if rel.endswith(".py")]
 
 
 def folder_files(root: Path) -> list[tuple[str, Path]]:
     """(relative id, path) of a folder's files, sorted; hidden files and folders (.git, .cache)
-    are tooling, not corpus."""
-    return _walk(root, lambda d: d.startswith("."))
+    are tooling, not corpus. A file link that leads out of the folder is not read (a source
+    folder must not pull in files from elsewhere; `links_out` names them)."""
+    return _walk(root, lambda d: d.startswith("."), contained=True)[0]
+
+
+def links_out(source: str | os.PathLike[str]) -> list[str]:
+    """The relative ids of the file links of a source folder that `folder_files` leaves out
+    because they lead outside it ([] for any other source)."""
+    path = Path(source).expanduser()
+    if str(source) == "stdlib" or is_url(str(source)) or not path.is_dir():
+        return []
+    return _walk(path, lambda d: d.startswith("."), contained=True)[1]
 
 
 def kind_of_name(name: str) -> Literal["jsonl", "parquet"] | None:

@@ -120,6 +120,15 @@ class PreparedData:
                     data=self.stats.to_dict(),
                 )
             )
+        if self.stats.skipped_links:
+            out.append(
+                Finding.of(
+                    "D105",
+                    f"{self.stats.skipped_links} file(s) of {self.manifest['source']!r} are "
+                    "symbolic links to files outside the folder and were not read",
+                    data=self.stats.to_dict(),
+                )
+            )
         return out
 
 

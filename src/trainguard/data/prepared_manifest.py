@@ -37,6 +37,7 @@ def write_prepared_manifest(
                 "add documents or change data.val_fraction",
             )
     tok_path = folder / TOKENIZER_FILE
+    stats.skipped_links = len(corpus.links_out(data_cfg.source))  # the listing both engines read
     manifest = {
         "format_version": FORMAT_VERSION,
         "source": data_cfg.source,

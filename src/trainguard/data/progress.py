@@ -28,7 +28,10 @@ class Progress:
         if self.bar is not None:
             if self.task is not None:
                 self.bar.remove_task(self.task)
-            self.task = self.bar.add_task(text, total=total)
+            from rich.markup import escape
+
+            # The description column reads markup: the text quotes the source path.
+            self.task = self.bar.add_task(escape(text), total=total)
         else:
             print(f"trainguard data: {text}", file=sys.stderr, flush=True)
 

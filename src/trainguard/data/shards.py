@@ -10,6 +10,7 @@ for every document start and `<split>.doc_labels.json` the label names.
 from __future__ import annotations
 
 import json
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -157,9 +158,17 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, list[Finding]]:
 
 def _check_file(folder: Path, entry: dict[str, Any], expect_size: int | None = None) -> list:
     path = folder / entry["file"]
-    if not path.is_file():
+    try:
+        st = path.stat()
+    except FileNotFoundError:
         return [_corrupt("D102", path, "the file is missing")]
-    size = path.stat().st_size
+    except OSError as e:
+        return [_corrupt("D102", path, f"cannot be read ({e.strerror or e})")]
+    if stat.S_ISDIR(st.st_mode):
+        return [_corrupt("D102", path, "a folder, not a file")]
+    if not stat.S_ISREG(st.st_mode):  # never read (a pipe would hang the checksum)
+        return [_corrupt("D102", path, "not a regular file (a device, pipe or socket)")]
+    size = st.st_size
     want = entry["size"] if expect_size is None else expect_size
     if size != want:
         return [_corrupt("D102", path, f"size {size} bytes, expected {want} (truncated?)")]

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainguard.errors import BadInputError
 from trainguard.faults import ENV_VAR
+from trainguard.metrics.jsonl import read_metrics
 from trainguard.util.processes import child_env
 
 # The default recipe at drill size: a run takes seconds, yet is long enough for the spike
@@ -108,18 +109,8 @@ class RunOutcome:
         return (self.payload or {}).get("final_val_loss")
 
     def rows(self, kind: str) -> list[dict[str, Any]]:
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a SIGKILL
-            if row.get("kind") == kind:
-                out.append(row)
-        return out
+        # The one bounded reader: a line cut by a SIGKILL (or damaged) is left out.
+        return [r for r in read_metrics(self.run_dir) if r.get("kind") == kind]
 
     def weights_checksum(self) -> str | None:
         """The checksum of `model.safetensors` in the newest checkpoint's manifest (written by

@@ -55,7 +55,8 @@ class TaskSpec(_Model):
     """multiple_choice: log-likelihood of each choice; generation: greedy decoding matched
     against the answer; perplexity: bits per byte of held-out texts."""
     data: str | None = None
-    """JSONL file, relative to the spec file."""
+    """JSONL file, relative to the spec file, inside its folder (`..`, absolute paths and
+    links out of the folder are refused)."""
     builtin: str | None = None
     """Name of a generated task instead of `data` (see `trainguard.evals.builtin`)."""
     match: Literal["exact", "regex", "contains"] = "exact"
@@ -145,11 +146,33 @@ _REQUIRED = {
 }
 
 
+def task_data_path(spec: EvalSpec, task: TaskSpec) -> Path:
+    """Where the task's `data` is: resolved under the spec's folder, which it must not leave.
+
+    A spec file is often someone else's: `data: ../x.jsonl`, an absolute path or a link out of
+    the folder would let it read (and `data contamination` quote) any file the user can read,
+    so each is refused (EvalSpecError, exit 2) before anything is opened. An `EvalSpec` built
+    in code (no `path`) is the caller's own: its data is resolved from the current folder and
+    may be anywhere.
+    """
+    assert task.data is not None
+    if not spec.path:
+        return (Path.cwd() / task.data).resolve()
+    root = Path(spec.path).parent.resolve()
+    path = (root / task.data).resolve()  # links followed: a link out of the folder is caught
+    if Path(task.data).is_absolute() or not path.is_relative_to(root):
+        raise EvalSpecError(
+            f"eval spec {spec.path or spec.name}, task {task.name!r}: data {task.data!r} is "
+            f"outside the spec's folder {root}",
+            "put the data file in the spec's folder (or a folder below it) and give its path "
+            "relative to the spec",
+        )
+    return path
+
+
 def read_task_data(spec: EvalSpec, task: TaskSpec) -> list[dict[str, Any]]:
     """The task's JSONL rows, checked for the fields its type needs."""
-    assert task.data is not None
-    base = Path(spec.path).parent if spec.path else Path.cwd()
-    path = (base / task.data).resolve()
+    path = task_data_path(spec, task)
     text = read_text(
         path,
         f"task {task.name!r}: data file",
@@ -289,8 +312,7 @@ def spec_fingerprint(specs: list[str]) -> list[dict[str, Any]]:
     out = []
     for name in specs:
         spec = load_spec(name)
-        base = Path(spec.path).parent if spec.path else Path.cwd()
-        files = [spec.path] + [str((base / t.data).resolve()) for t in spec.tasks if t.data]
+        files = [spec.path] + [str(task_data_path(spec, t)) for t in spec.tasks if t.data]
         try:
             out.append({"spec": name, "files": {f: file_checksum(f) for f in files if f}})
         except OSError as e:

@@ -65,7 +65,8 @@ def rich_sample(title: str, text: str, flags: list[Flag], max_chars: int) -> Pan
         msg = next(f.message for f in flags if f.code == code)
         reasons.append(f"\n{code}", style=_rich_style(code))
         reasons.append(f" {msg}")
-    return Panel(Group(body, reasons) if flags else body, title=title, title_align="left")
+    # A str title is read as markup by Panel; the title quotes a document id.
+    return Panel(Group(body, reasons) if flags else body, title=Text(title), title_align="left")
 
 
 def counts_table(insp: Inspection) -> Table:

@@ -23,7 +23,7 @@ from typing import Any
 from trainguard.errors import DataError
 from trainguard.metrics.accepted import ACCEPTED, EVENT_GLOB
 from trainguard.metrics.logfile import csv_rows, follow_lines, jsonl_rows
-from trainguard.util.inputs import read_text
+from trainguard.util.inputs import read_text, require_file
 
 FIX = f"give one of: {ACCEPTED}"
 HF_STATE = "trainer_state.json"
@@ -58,8 +58,8 @@ def detect_format(path: Path) -> str:
         if any(p.is_file() for p in path.rglob(EVENT_GLOB)):
             return "tensorboard"
         raise _unknown(path, f"a folder with no TensorBoard event files and no {HF_STATE}")
-    if not path.is_file():
-        raise DataError(f"metric log {path} does not exist", FIX)
+    # A device (/dev/zero), pipe or socket is named as what it is, and never read (no hang).
+    require_file(path, "metric log", FIX, DataError)
     if path.name.startswith("events.out.tfevents"):
         return "tensorboard"
     suffix = path.suffix.lower()
@@ -82,7 +82,7 @@ def detect_format(path: Path) -> str:
 def _is_trainer_state(path: Path) -> bool:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return False
     return isinstance(doc, dict) and "log_history" in doc
 
@@ -142,6 +142,10 @@ def trainer_state_rows(path: Path) -> Iterator[dict[str, Any]]:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"{path} is not valid JSON ({e})", FIX) from None
+    except RecursionError:  # nesting deeper than the parser's stack: not a trainer's state
+        raise DataError(
+            f"{path} nests its values too deep to be a trainer_state.json", FIX
+        ) from None
     history = doc.get("log_history") if isinstance(doc, dict) else None
     if not isinstance(history, list):
         raise DataError(f"{path} has no log_history list: not a trainer_state.json", FIX)

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, TextIO
 
+from trainguard.metrics.rowjson import RowRejected, iter_rows, parse_row
 from trainguard.util.atomic import atomic_write_text
 from trainguard.util.inputs import read_text
 from trainguard.util.nofollow import open_append, refuse_link
@@ -53,11 +54,11 @@ class MetricsLog:
         if not self.path.exists():
             return []
         kept, dropped = [], []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        for line in self.path.read_text(encoding="utf-8").split("\n"):
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by SIGKILL mid-write
+                row = parse_row(line)
+            except RowRejected:
+                continue  # a line cut by SIGKILL mid-write, or one no reader can use
             if isinstance(row.get("step"), int) and row["step"] > step:
                 dropped.append(row)
             else:
@@ -79,16 +80,21 @@ class MetricsLog:
             self._file = None
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """Every row of RUN_DIR/metrics.jsonl; a line cut by a crash is skipped."""
+def read_metrics(run_dir: Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every row of RUN_DIR/metrics.jsonl (`metrics.rowjson.parse_row`: bounded, objects only).
+
+    A line no reader can use (damaged, not an object, nested too deep) is left out, and so is
+    a last line cut by a crash; `skipped`, when given, receives "metrics.jsonl:LINE: why" for
+    each left-out line but the cut last one, for the command to warn about.
+    """
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
     rows = []
     text = read_text(path, "metric log", "restore it from a backup, or start a new run dir")
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    for lineno, row, why in iter_rows(text):
+        if row is not None:
+            rows.append(row)
+        elif skipped is not None:
+            skipped.append(f"{path}:{lineno}: {why}; the line is ignored")
     return rows

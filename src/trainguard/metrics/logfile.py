@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import DataError
+from trainguard.metrics.rowjson import MAX_LINE_CHARS, RowRejected, parse_row
 
 STEP_KEYS = ("step", "global_step", "iteration", "iter", "_step")
 
@@ -56,8 +56,13 @@ def number(v: Any) -> float | None:
     """A cell as a float: numbers, numeric strings ("nan" and "inf" too); None otherwise."""
     if v is None or isinstance(v, bool):
         return None
-    if isinstance(v, int | float):
-        return float(v)
+    if isinstance(v, float):
+        return v
+    if isinstance(v, int):
+        try:
+            return float(v)
+        except OverflowError:  # an integer beyond the largest float: non-finite, as R101 sees
+            return math.inf if v > 0 else -math.inf
     if isinstance(v, str):
         s = v.strip()
         if not s:
@@ -98,23 +103,22 @@ def _jsonl_row(line: str, lineno: int, path: Path, last: bool) -> dict[str, Any]
     if not line:
         return None
     try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
+        return parse_row(line)  # bounded: length, nesting, numbers too large for a float
+    except RowRejected as e:
         if last:
             return None  # a half-written last line of a live or crashed run
         raise DataError(
-            f"{path}:{lineno} is not valid JSON ({e.msg})",
+            f"{path}:{lineno} is {e.reason}"
+            if e.reason.startswith("not ")
+            else f"{path}:{lineno}: {e.reason}",
             "give a JSON Lines file (one object per line) or a CSV file with a header",
         ) from None
-    if not isinstance(row, dict):
-        raise DataError(f"{path}:{lineno} is not a JSON object", "write one object per line")
-    return row
 
 
 def jsonl_rows(path: Path, text: str) -> Iterator[dict[str, Any]]:
-    lines = text.splitlines()
+    lines = text.split("\n")  # not splitlines: a JSON string may hold a raw U+2028
     for i, line in enumerate(lines, 1):
-        row = _jsonl_row(line, i, path, last=i == len(lines) and not text.endswith("\n"))
+        row = _jsonl_row(line, i, path, last=i == len(lines))
         if row is not None:
             yield row
 
@@ -149,6 +153,12 @@ def follow_lines(
                 last_data = time.monotonic()
                 pending += chunk
                 *lines, pending = pending.split("\n")
+                if len(pending) > MAX_LINE_CHARS:  # no newline in sight: do not buffer forever
+                    raise DataError(
+                        f"{path}:{lineno + len(lines) + 1}: the line is longer than "
+                        f"{MAX_LINE_CHARS} characters",
+                        "write one JSON object or CSV row per line",
+                    )
                 for line in lines:
                     lineno += 1
                     if fmt == "csv":

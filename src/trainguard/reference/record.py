@@ -59,9 +59,12 @@ def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def record_reference(run_dir: str | Path) -> tuple[ReferenceCurve, list[Finding]]:
+def record_reference(
+    run_dir: str | Path, skipped: list[str] | None = None
+) -> tuple[ReferenceCurve, list[Finding]]:
     """The reference of the finished run in `run_dir`, and R507 findings when the run was not
-    clean. BadInputError (exit 2) for a missing, unfinished or damaged run."""
+    clean. BadInputError (exit 2) for a missing, unfinished or damaged run. `skipped`, when
+    given, receives the metrics.jsonl lines left out ("path:line: why")."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise BadInputError(
@@ -69,7 +72,7 @@ def record_reference(run_dir: str | Path) -> tuple[ReferenceCurve, list[Finding]
         )
     recipe = _recipe(run_dir)
     max_steps = recipe["train"]["max_steps"]
-    rows = read_metrics(run_dir)
+    rows = read_metrics(run_dir, skipped)
     steps = _last_by_step(rows, "step")
     ended = any(r.get("kind") == "event" and r.get("event") == "end" for r in rows)
     last = max(steps, default=0)

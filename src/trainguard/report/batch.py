@@ -59,7 +59,9 @@ class BatchView:
         }
 
 
-def _open_run(run_dir: Path) -> tuple[list[dict[str, Any]], Recipe]:
+def _open_run(
+    run_dir: Path, skipped: list[str] | None = None
+) -> tuple[list[dict[str, Any]], Recipe]:
     from trainguard.config.load import RECIPE_FILE, read_run_recipe, validate_recipe
 
     if not run_dir.is_dir():
@@ -78,7 +80,7 @@ def _open_run(run_dir: Path) -> tuple[list[dict[str, Any]], Recipe]:
             f"{run_dir} has no {RECIPE_FILE}: the batch cannot be decoded without the recipe",
             f"restore {run_dir / RECIPE_FILE} (trainguard wrote it when the run started)",
         )
-    rows = [r for r in read_metrics(run_dir) if isinstance(r, dict)]
+    rows = read_metrics(run_dir, skipped)
     return rows, validate_recipe(raw, str(run_dir / RECIPE_FILE))
 
 
@@ -194,10 +196,11 @@ def _documents(data: PreparedData, start: int, stop: int) -> list[dict[str, Any]
     return docs
 
 
-def decode_batch(run_dir: str | Path, step: int) -> BatchView:
-    """The decoded global batch of step `step`; BadInputError (exit 2) for what cannot be."""
+def decode_batch(run_dir: str | Path, step: int, skipped: list[str] | None = None) -> BatchView:
+    """The decoded global batch of step `step`; BadInputError (exit 2) for what cannot be.
+    `skipped`, when given, receives the metrics.jsonl lines left out ("path:line: why")."""
     run_dir = Path(run_dir)
-    rows, recipe = _open_run(run_dir)
+    rows, recipe = _open_run(run_dir, skipped)
     logged = sorted({s for r in rows if r.get("kind") == "step" and (s := _int(r.get("step")))})
     attempts = find_attempts(rows, step)
     if not attempts:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import functools
+import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +77,8 @@ def collect(run_dir: Path) -> dict[str, Any]:
             f"{run_dir} has no {METRICS_FILE}: it is not a trainguard run dir",
             "pass the folder that `trainguard run` wrote (default runs/<recipe name>)",
         )
-    rows = [r for r in read_metrics(run_dir) if isinstance(r, dict)]
+    skipped: list[str] = []
+    rows = read_metrics(run_dir, skipped)
     recipe = read_run_recipe(run_dir)
     events = [r for r in rows if r.get("kind") == "event"]
     env = next((e.get("env") for e in events if e.get("event") == "start"), {}) or {}
@@ -92,6 +95,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "events": events,
         "env": env,
         "checkpoints": _checkpoints(run_dir),
+        "skipped": skipped,  # metrics.jsonl lines no reader can use, "path:line: why"
     }
 
 
@@ -101,7 +105,7 @@ def _band(recipe: dict[str, Any]) -> dict[str, Any] | None:
         return None
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # no band drawn from a damaged file
         return None
 
 
@@ -208,6 +212,7 @@ def render_html(info: dict[str, Any]) -> str:
             if info["band"]
             else None,
             findings=findings,
+            skipped=info["skipped"],
             checkpoints=checkpoints,
             env=list(info["env"].items()) if isinstance(info["env"], dict) else [],
             recipe_yaml=yaml.safe_dump(info["recipe"], sort_keys=False),
@@ -215,31 +220,64 @@ def render_html(info: dict[str, Any]) -> str:
     )
 
 
+# Characters with a meaning inside a Markdown line (CommonMark, GitHub's tables and
+# strikethrough): each is backslash-escaped; <, > and & become entities, so no value is ever
+# read as HTML. (Line-start markers such as # and + cannot occur: every value follows text.)
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]!|~])")
+
+
+def _md(v: Any) -> str:
+    """A value as inert Markdown text, on one line (the report.html escaping, for report.md):
+    a recipe name or finding message holding HTML, links or table pipes shows as typed."""
+    text = " ".join(_fmt(v).splitlines())
+    text = html.escape(text, quote=False)
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def _md_code(text: str) -> str:
+    """`text` as an inline code span (nothing inside is markup), fenced with more backticks
+    than any run of them inside it."""
+    text = " ".join(text.splitlines())
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def render_markdown(info: dict[str, Any]) -> str:
-    lines = [f"# trainguard run report: {info['run_dir']}", ""]
+    lines = [f"# trainguard run report: {_md(info['run_dir'])}", ""]
     lines += ["| | value |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in _summary(info).items()]
+    lines += [f"| {_md(k)} | {_md(v)} |" for k, v in _summary(info).items()]
     lines += ["", "## Findings", ""]
     if not info["findings"]:
         lines.append("No findings.")
     for f in info["findings"]:
-        at = f" (step {f['step']})" if f.get("step") is not None else ""
+        at = f" (step {_md(f['step'])})" if f.get("step") is not None else ""
         link = _batch_link(info["run_dir"], f)
-        batch = f" (batch: `{link}`)" if link else ""
-        lines.append(f"- **{f.get('code')}** {f.get('severity')}{at}: {f.get('message')}{batch}")
+        batch = f" (batch: {_md_code(link)})" if link else ""
+        lines.append(
+            f"- **{_md(f.get('code'))}** {_md(f.get('severity'))}{at}: "
+            f"{_md(f.get('message'))}{batch}"
+        )
+    if info["skipped"]:
+        lines += ["", "## Log lines skipped", ""]
+        lines += [f"- {_md(line)}" for line in info["skipped"]]
     lines += ["", "## Checkpoints", ""]
     lines += [
-        (f"- step {c['step']}: " if isinstance(c["step"], int) else f"- {c['step']}: ")
-        + ("valid" if c["valid"] else f"INVALID ({c['problem']})")
+        f"- {'step ' if isinstance(c['step'], int) else ''}{_md(c['step'])}: "
+        + ("valid" if c["valid"] else f"INVALID ({_md(c['problem'])})")
         for c in info["checkpoints"]
     ]
     lines += ["", "Plots and the environment are in report.html.", ""]
     return "\n".join(lines)
 
 
-def write_report(run_dir: str | Path) -> tuple[Path, Path]:
+def write_report(run_dir: str | Path, skipped: list[str] | None = None) -> tuple[Path, Path]:
+    """Write report.html and report.md; `skipped`, when given, receives the metrics.jsonl
+    lines left out ("path:line: why"), for the command to warn about."""
     run_dir = Path(run_dir)
     info = collect(run_dir)
+    if skipped is not None:
+        skipped.extend(info["skipped"])
     html_path, md_path = run_dir / "report.html", run_dir / "report.md"
     html, markdown = render_html(info), render_markdown(info)
     with atomic_paths(html_path, md_path) as (html_tmp, md_tmp):

@@ -62,7 +62,7 @@ class ProgressDisplay:
         if not self.enabled:
             return
         if self._progress is not None:
-            self._progress.console.print(text)
+            self._progress.console.print(text, markup=False)  # findings quote user strings
         else:
             print(text, file=sys.stderr, flush=True)
 

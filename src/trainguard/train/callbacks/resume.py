@@ -34,7 +34,12 @@ class ResumeCallback(Callback):
 
     def pre_train(self, ctx: RunContext) -> None:
         dropped = ctx.metrics.truncate_after(ctx.step) if ctx.is_main else []
-        self.replayed = {r["step"]: r["batch_hash"] for r in dropped if r.get("kind") == "step"}
+        # A row without a hash (damaged, or not trainguard's) has nothing to compare with.
+        self.replayed = {
+            r["step"]: r["batch_hash"]
+            for r in dropped
+            if r.get("kind") == "step" and isinstance(r.get("batch_hash"), str)
+        }
         if ctx.is_main:
             ctx.record(unlogged_hang_reports(ctx.run_dir))
         ctx.record(self.found)

@@ -1,0 +1,114 @@
+"""The one bounded reader of JSON Lines metric logs (issue 26): damaged or hostile rows never
+become a traceback in any reader (`read_metrics`, `watch`'s `jsonl_rows`, a resume's
+`truncate_after`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from trainguard.errors import DataError
+from trainguard.metrics.jsonl import MetricsLog, read_metrics
+from trainguard.metrics.logfile import LogState, jsonl_rows, normalise, number
+from trainguard.metrics.rowjson import MAX_DEPTH, MAX_LINE_CHARS, RowRejected, iter_rows, parse_row
+
+DEEP = '{"step": 3, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+BIG = '{"kind": "step", "step": 3, "loss": ' + "9" * 400 + ', "batch_hash": "h3"}'
+GOOD = [json.dumps({"kind": "step", "step": s, "loss": 3.0, "batch_hash": f"h{s}"}) for s in (1, 2)]
+
+
+def test_a_400_digit_integer_is_infinite_not_an_overflow() -> None:
+    row = parse_row(BIG)
+    assert row["loss"] == math.inf
+    assert parse_row('{"x": -' + "9" * 400 + "}")["x"] == -math.inf
+    assert parse_row('{"x": ' + "9" * 5000 + "}")["x"] == math.inf  # past int's digit limit
+    assert parse_row('{"x": ' + "9" * 300 + "}")["x"] == int("9" * 300)  # fits a float: kept
+    assert number(10**400) == math.inf  # a parsed int from elsewhere (trainer_state.json)
+
+
+@pytest.mark.parametrize(
+    "line,why",
+    [
+        pytest.param(DEEP, "nest deeper", id="100000-deep"),
+        pytest.param(
+            '{"x": ' + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "}",
+            "nest deeper",
+            id="just-past-the-limit",
+        ),
+        pytest.param('{"x": "' + "a" * MAX_LINE_CHARS + '"}', "longer than", id="too-long"),
+        pytest.param("[1, 2]", "not a JSON object", id="a-list"),
+        pytest.param('{"step": 1', "not valid JSON", id="cut"),
+    ],
+)
+def test_unusable_lines_are_rejected_with_the_reason(line: str, why: str) -> None:
+    with pytest.raises(RowRejected, match=why):
+        parse_row(line)
+
+
+def test_brackets_inside_strings_and_shallow_nesting_are_fine() -> None:
+    text = "[" * 500
+    row = parse_row(json.dumps({"message": text, "data": {"a": [[{"b": [1]}]]}}))
+    assert row["message"] == text
+
+
+def test_iter_rows_names_each_rejected_line_and_tolerates_a_torn_last_line() -> None:
+    text = "\n".join([GOOD[0], DEEP, "", "[1]", GOOD[1], '{"step": 9, "lo']) + ""
+    got = list(iter_rows(text))
+    assert [(n, r is not None) for n, r, _ in got] == [(1, True), (2, False), (4, False), (5, True)]
+    assert "nest deeper" in got[1][2] and "not a JSON object" in got[2][2]
+    # the same cut line is damage once a newline follows it
+    assert [n for n, r, _ in iter_rows(text + "\n") if r is None] == [2, 4, 6]
+
+
+def test_read_metrics_skips_bad_rows_and_names_them(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("\n".join([GOOD[0], DEEP, BIG, GOOD[1]]) + "\n")
+    skipped: list[str] = []
+    rows = read_metrics(tmp_path, skipped)
+    assert [r["step"] for r in rows] == [1, 3, 2] and rows[1]["loss"] == math.inf
+    assert len(skipped) == 1 and "metrics.jsonl:2: values nest deeper" in skipped[0]
+
+
+def test_truncate_after_survives_deep_and_hashless_rows(tmp_path: Path) -> None:
+    nohash = json.dumps({"kind": "step", "step": 4, "loss": 1.0})
+    lines = [GOOD[0], GOOD[1], DEEP, nohash, BIG]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    dropped = MetricsLog(tmp_path).truncate_after(2)
+    assert [r["step"] for r in dropped] == [4, 3]
+    kept = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert kept == GOOD
+
+
+def test_watch_reader_names_the_line_of_a_deep_row(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    with pytest.raises(DataError, match=r"m.jsonl:2: values nest deeper"):
+        list(jsonl_rows(path, "\n".join([GOOD[0], DEEP, GOOD[1]]) + "\n"))
+    rows = list(jsonl_rows(path, "\n".join([GOOD[0], BIG]) + "\n"))
+    step, values = normalise(rows[1], LogState())
+    assert step == 3 and values["loss"] == math.inf  # R101 sees a non-finite loss
+
+
+def test_a_raw_line_separator_inside_a_string_does_not_cut_the_row(tmp_path: Path) -> None:
+    line = '{"step": 1, "note": "a\u2028b", "loss": 2.0}'
+    assert [r["note"] for r in jsonl_rows(tmp_path / "m.jsonl", line + "\n")] == ["a\u2028b"]
+    assert [r["note"] for _, r, _ in iter_rows(line + "\n")] == ["a\u2028b"]
+
+
+def test_follow_never_buffers_a_line_without_end(tmp_path: Path) -> None:
+    from trainguard.metrics.formats import follow_rows
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n' + "a" * (MAX_LINE_CHARS + 10))
+    with pytest.raises(DataError, match=r"m.jsonl:2: the line is longer than"):
+        list(follow_rows(path, poll_s=0.01, idle_timeout_s=5))
+
+
+def test_a_trainer_state_nested_too_deep_is_bad_input(tmp_path: Path) -> None:
+    from trainguard.metrics.formats import trainer_state_rows
+
+    path = tmp_path / "trainer_state.json"
+    path.write_text('{"log_history": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(DataError, match="too deep"):
+        list(trainer_state_rows(path))
