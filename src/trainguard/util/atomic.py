@@ -21,20 +21,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainguard.errors import OutputWriteError
 from trainguard.util.nofollow import refuse_link
-
-_FIXES = {
-    errno.ENOSPC: "free disk space, or write to another disk",
-    errno.EFBIG: "free disk space or raise the file size limit (ulimit -f)",
-    errno.EDQUOT: "free space within your disk quota, or write to another disk",
-    errno.EROFS: "the file system is read-only: write to another folder",
-    errno.EACCES: "write to a folder you can write to, or fix its permissions",
-    errno.EPERM: "write to a folder you can write to (it may be immutable or protected)",
-    errno.EISDIR: "a folder is in the way: give a file name, or move the folder aside",
-    errno.ENOTDIR: "a file is in the way of a folder on that path: give another path",
-    errno.EEXIST: "a file is in the way of a folder on that path: give another path",
-}
+from trainguard.util.write_errors import write_failure  # noqa: F401  (re-exported)
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -64,13 +52,6 @@ def make_temp_dir(parent: str | Path, prefix: str, suffix: str = "") -> Path:
     path = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
     os.chmod(path, 0o777 & ~current_umask())
     return path
-
-
-def write_failure(path: str | Path, exc: OSError) -> OutputWriteError:
-    """The OutputWriteError for a failed write of `path`: the reason and what to do."""
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    fix = _FIXES.get(exc.errno or 0, "check the path, the disk space and the permissions")
-    return OutputWriteError(f"cannot write {path}: {reason}; nothing was written there", fix)
 
 
 def check_writable(path: str | Path, *, folder: bool = False) -> Path:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TextIO
 
 from trainguard.errors import BadInputError, OutputWriteError
+from trainguard.util.write_errors import write_failure
 
 
 class LinkRefused(OutputWriteError):
@@ -114,8 +115,6 @@ def _open(path: Path, flags: int) -> int:
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):
             raise LinkRefused(*link_message(path)) from None
-        from trainguard.util.atomic import write_failure
-
         raise write_failure(path, e) from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
