@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from trainguard.util.nofollow import refuse_link
-from trainguard.util.write_errors import write_failure  # noqa: F401  (re-exported)
+from trainguard.util.write_errors import write_failure
 
 
 def fsync_dir(path: str | Path) -> None:
