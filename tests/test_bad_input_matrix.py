@@ -74,6 +74,8 @@ SMALL = ("--vocab-size", "260", "--seq-len", "8", "--val-fraction", "0.2")
 # Drill rows name a recipe whose runs fail at once: if a check were missing, no drill trains.
 DRILL = ("--recipe", "{tiny}", "--only", "clean", "--set", "data.source={inputs}/missing")
 DRILL_DIR = ("--workdir", "{out}/drill")
+# Resuming a copy of the finished 12-step tiny run (`Row.tiny_run` alters it first).
+TINY_RESUME = ("run", "{tiny_run_recipe}", "--run-dir", "{tiny_run}")
 
 ROWS = [
     # --- run ------------------------------------------------------------------------------
@@ -150,16 +152,7 @@ ROWS = [
     ),
     # issue 26: rundir (a refused resume leaves the run dir byte-identical; no silent restart)
     *[
-        row(
-            f"run-resume-{name}",
-            "run",
-            "{tiny_run_recipe}",
-            "--run-dir",
-            "{tiny_run}",
-            *args,
-            tiny_run=alter,
-            **kw,
-        )
+        row(f"run-resume-{name}", *TINY_RESUME, *args, tiny_run=alter, **kw)
         for name, alter, args, kw in [
             ("checkpoints-deleted", "no_steps", (), {"exit": 1, "says": ("C107", "--fresh")}),
             ("checkpoints-damaged", "all_damaged", (), {"exit": 1, "says": ("C107", "--fresh")}),

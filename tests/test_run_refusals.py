@@ -1,0 +1,79 @@
+"""A run dir with history is never restarted silently (issue 26): checkpoints that are gone while
+the log records them stop the run (C107) with nothing changed, until `--fresh` sets the old run
+aside. The byte-identical refusals of every other resume check are rows of the bad-input
+matrix (tests/test_bad_input_matrix.py, `run-resume-*`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from runhelpers import invoke_cli, tree_snapshot
+from trainguard.errors import NoUsableCheckpoint
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_deleted_checkpoints_refuse_the_restart_until_fresh(
+    tiny_recipe: Path, tiny_run_copy: Path
+) -> None:
+    run = tiny_run_copy
+    for folder in (run / "checkpoints").glob("step-*"):
+        shutil.rmtree(folder)
+    before = tree_snapshot(run)
+    res = invoke_cli("run", str(tiny_recipe), "--run-dir", str(run), "-q", "--json")
+    assert res.returncode == 1, res.stderr[-2000:]
+    payload = json.loads(res.stdout)
+    assert payload["error"]["type"] == "NoUsableCheckpoint"
+    assert "C107" in payload["error"]["message"] and "step 12" in payload["error"]["message"]
+    assert "--fresh" in payload["error"]["fix"] and "attic" in payload["error"]["fix"]
+    assert "C107" in [f["code"] for f in payload["findings"]]
+    assert tree_snapshot(run) == before  # no restart from step 0: metrics.jsonl kept whole
+    # Starting over on purpose: the old run goes to the attic, nothing is deleted.
+    metrics = (run / "metrics.jsonl").read_bytes()
+    res = invoke_cli(
+        "run", str(tiny_recipe), "--run-dir", str(run), "-q", "--json", "--fresh", "--no-evals",
+        "--set", "train.max_steps=2",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    payload = json.loads(res.stdout)
+    assert payload["resumed_from"] is None and payload["final_step"] == 2
+    assert "C113" in [f["code"] for f in payload["findings"]]
+    (attic,) = (run / "attic").iterdir()
+    assert (attic / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_the_log_records_each_committed_checkpoint(finished_tiny_run: Path) -> None:
+    saved = [r for r in rows(finished_tiny_run) if r.get("event") == "checkpoint"]
+    assert [r["step"] for r in saved] == [4, 8, 12]
+    assert saved[-1]["path"].endswith("step-12")
+
+
+@pytest.mark.parametrize(
+    ("logged", "refused"),
+    [
+        # A crash before the first checkpoint: nothing to lose, it starts at step 0 again.
+        ([{"kind": "event", "step": 0, "event": "start"}, {"kind": "step", "step": 3}], False),
+        ([{"kind": "step", "step": 4}, {"kind": "event", "step": 4, "event": "checkpoint"}], True),
+        ([{"kind": "step", "step": 8}, {"kind": "event", "step": 8, "event": "end"}], True),
+        ([], False),
+    ],
+)
+def test_history_is_what_the_log_says_was_committed(
+    tmp_path: Path, logged: list[dict], refused: bool
+) -> None:
+    from trainguard.train.refusals import refuse_lost_history
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
+    if not refused:
+        refuse_lost_history(tmp_path, str(tmp_path / "checkpoints"))
+        return
+    with pytest.raises(NoUsableCheckpoint) as e:
+        refuse_lost_history(tmp_path, str(tmp_path / "checkpoints"))
+    assert "C107" in e.value.message and "--fresh" in e.value.fix
+    assert [f.code for f in e.value.findings] == ["C107"]
