@@ -77,3 +77,39 @@ def test_history_is_what_the_log_says_was_committed(
         refuse_lost_history(tmp_path, str(tmp_path / "checkpoints"))
     assert "C107" in e.value.message and "--fresh" in e.value.fix
     assert [f.code for f in e.value.findings] == ["C107"]
+
+
+def test_a_resume_stopped_by_pre_flight_keeps_the_recipe_it_did_not_extend(
+    tiny_recipe: Path, tiny_run_copy: Path, torch_globals: None
+) -> None:
+    """Pre-flight (the last check, in `pre_train`) stops a resume that would extend the run
+    to 16 steps: its verdict is logged, but recipe.yaml still says 12, so the finished run
+    does not read as unfinished afterwards."""
+    from trainguard.config.load import load_recipe
+    from trainguard.errors import PreflightFailed
+    from trainguard.train.callback import Callback, RunContext
+    from trainguard.train.distributed import Dist
+    from trainguard.train.run import Run
+
+    class FailingPreflight(Callback):  # what pre-flight does on an error finding
+        name, priority = "failing_preflight", 100
+
+        def pre_train(self, ctx: RunContext) -> None:
+            raise PreflightFailed("pre-flight found 1 error(s), training did not start")
+
+    recipe = load_recipe(str(tiny_recipe), ["train.max_steps=16"])
+    before = {
+        name: (tiny_run_copy / name).read_bytes() for name in ("recipe.yaml", "tokenizer.json")
+    }
+    run = Run(
+        recipe, tiny_run_copy, Dist(), progress=False, evals=False, callbacks=[FailingPreflight()]
+    )
+    run.setup()
+    with pytest.raises(PreflightFailed) as e:
+        run.train()
+    run.close(report=True, primary=e.value)
+    assert {name: (tiny_run_copy / name).read_bytes() for name in before} == before
+    res = invoke_cli(
+        "reference", "record", str(tiny_run_copy), "--out", str(tiny_run_copy.parent / "r.json")
+    )
+    assert res.returncode == 0, res.stderr[-2000:]

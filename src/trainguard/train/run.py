@@ -17,7 +17,6 @@ and `train/spine.py` runs them: `train_step` is one step, top to bottom.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from trainguard.reference.select import select_reference
 from trainguard.train import refusals, rundir
 from trainguard.train.callback import Callback, RunContext
 from trainguard.train.callbacks.preflight import doctor_preflight, stop_on_errors
+from trainguard.train.callbacks.runfiles import RunFilesCallback
 from trainguard.train.callbacks.validation import ValidationCallback
 from trainguard.train.callbacks.watchdog import WatchdogCallback
 from trainguard.train.compose import compose
@@ -142,7 +142,8 @@ class Run:
 
         Every check that can refuse the run (the recipe, the doctor, the store, the checkpoint
         and its data, the schedule, the paths the run will write) comes before its first
-        write (`_begin`): a refused run leaves the run dir as it found it."""
+        write (`_begin`): a refused run leaves the run dir as it found it. recipe.yaml and
+        tokenizer.json are written once pre-flight passed (`RunFilesCallback`)."""
         r, ctx, dist = self.recipe, self.ctx, self.dist
         held = self.held  # found before the first write; logged by `_begin`
         if fresh:  # rank 0 sets the previous run aside; no rank looks at it before that
@@ -176,7 +177,7 @@ class Run:
             reference=self.reference,
             on_hang=self._hang_diagnosed,
             on_timeout=self._hang_reported,
-            extra=self.extra_callbacks,
+            extra=[RunFilesCallback(self.recipe_dict, data.tokenizer_path), *self.extra_callbacks],
         )
         loop, self.loop = parts.loop, parts.loop
         self.validation, self.watchdog = parts.validation, parts.watchdog
@@ -197,9 +198,6 @@ class Run:
         refusals.on_main(dist, lambda: refusals.refuse_blocked_paths(r, root, step or 0))
         self._begin(doctor)  # nothing refused: the run dir is written from here on
         loop.trainer.schedule = layout.schedule = schedule
-        if ctx.is_main:
-            rundir.write_recipe(self.run_dir, self.recipe_dict)
-            shutil.copyfile(data.tokenizer_path, self.run_dir / "tokenizer.json")
         found = list(checkpointer.last_findings)  # damaged steps passed over, junk, C121
         if step is not None:
             self.resumed_from = step
