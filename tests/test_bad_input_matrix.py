@@ -155,6 +155,7 @@ ROWS = [
         row(f"run-resume-{name}", *TINY_RESUME, *args, tiny_run=alter, **kw)
         for name, alter, args, kw in [
             ("checkpoints-deleted", "no_steps", (), {"exit": 1, "says": ("C107", "--fresh")}),
+            ("checkpoints-folder-deleted", "no_root", (), {"exit": 1, "says": ("C107", "--fresh")}),
             ("checkpoints-damaged", "all_damaged", (), {"exit": 1, "says": ("C107", "--fresh")}),
             (
                 "data-changed",
@@ -1020,6 +1021,7 @@ def _quarantine_symlink(run: Path, root: Path) -> None:
 # How `{tiny_run}` is altered for a row (`Row.tiny_run`): each is a run dir `run` must refuse.
 TINY_RUNS = {
     "no_steps": _no_steps,
+    "no_root": lambda run, root: shutil.rmtree(run / "checkpoints"),
     "all_damaged": _all_damaged,
     "data_changed": _data_changed,
     "step_12_symlink": lambda run, root: _moved_out(run, root, "checkpoints/step-12"),

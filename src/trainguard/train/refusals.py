@@ -2,15 +2,17 @@
 the run's first write, so that a refused run leaves its run dir byte-identical:
 
 - `refuse_lost_history`: the log says checkpoints were committed, yet none is left (C107):
-  starting at step 0 would cut metrics.jsonl back and train the run again, silently;
+  starting at step 0 would cut metrics.jsonl back and train the run again, silently
+  (`refuse_missing_root`: the same, found before the checkpoint folder is opened);
 - `refuse_blocked_paths`: where this run will save a step (or set a damaged one aside) sits
   something that is not trainguard's folder: a symlink, a file. Saving would write through the
   link or fail after the steps before it were trained again, on every relaunch;
 - `refuse_blocked_attic`: `--fresh` would move the previous run into RUN_DIR/attic/ through a
   link, or fail half-way.
 
-`on_main` runs a check on rank 0 only (the process that writes) and raises its refusal on
-every rank, so that no rank is left waiting in a collective.
+`refuse_to_start` makes the first two once the checkpoint is chosen. `on_main` runs a check on
+rank 0 only (the process that writes) and raises its refusal on every rank, so that no rank is
+left waiting in a collective.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ def on_main(dist: Dist, check: Callable[[], None]) -> None:
         raise refused
 
 
+def refuse_to_start(recipe: Recipe, run_dir: Path, root: str, step: int | None) -> None:
+    """The checks made once the run's checkpoint is chosen (`step`; None: none, step 0)."""
+    if step is None:
+        refuse_lost_history(run_dir, root)
+    refuse_blocked_paths(recipe, root, step or 0)
+
+
 def refuse_lost_history(run_dir: Path, root: str) -> None:
     """C107 (exit 1) when no checkpoint is left in `root` although RUN_DIR/metrics.jsonl
     records a committed one (a `checkpoint` event, or the `end` of a finished run). A run that
@@ -73,6 +82,13 @@ def refuse_lost_history(run_dir: Path, root: str) -> None:
     )
     finding = Finding.of("C107", message, where=root, data={"logged_step": max(steps)})
     raise NoUsableCheckpoint(message, get_code("C107").fix, findings=[finding])
+
+
+def refuse_missing_root(run_dir: Path, root: str) -> None:
+    """`refuse_lost_history` when the local checkpoint folder `root` itself is gone (before the
+    run opens it, which creates it: a refused run adds nothing to the run dir either)."""
+    if not is_remote(root) and not os.path.lexists(local_path(root)):
+        refuse_lost_history(run_dir, root)
 
 
 def _what(path: Path) -> str:

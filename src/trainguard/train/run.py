@@ -46,6 +46,7 @@ from trainguard.train.optim import build_optimizer
 from trainguard.train.outcome import RunResult, close_run, hang_outcome
 from trainguard.train.progress import ProgressDisplay
 from trainguard.train.resume import (
+    checkpoint_root,
     load_or_refuse,
     open_checkpointer,
     probe_store,
@@ -158,6 +159,9 @@ class Run:
                 # as pre-flight's are); nothing else was written.
                 self._begin(doctor)
             stop_on_errors(found, r)
+        # A local checkpoint folder that is gone is checked before opening one creates it.
+        root = checkpoint_root(r, self.run_dir)
+        refusals.on_main(dist, lambda: refusals.refuse_missing_root(self.run_dir, root))
         layout = RunLayout(self.recipe_dict, self.env, self._checkpoint_written)
         checkpointer = open_checkpointer(r, self.run_dir, layout)
         probe_store(checkpointer, checkpointer.root)
@@ -181,21 +185,16 @@ class Run:
         )
         loop, self.loop = parts.loop, parts.loop
         self.validation, self.watchdog = parts.validation, parts.watchdog
-        # Checkpoints that exist but cannot be used stop the run here (C107), and so does a
-        # log that records checkpoints none of which is left.
-        step = load_or_refuse(checkpointer, loop.state)
-        root = checkpointer.root
-        if step is None:
-            refusals.on_main(dist, lambda: refusals.refuse_lost_history(self.run_dir, root))
-        else:  # D104: the checkpoint's data is not the data prepared now
-            data_identity = loop.checkpoint_meta["data_identity"]
-            meta = checkpointer.last_meta
-            held += refuse_changed_data(step, meta, data_identity, self.accept_data_change)
+        step = load_or_refuse(checkpointer, loop.state)  # C107: none of them can be used
+        if step is not None:  # D104: the checkpoint's data is not the data prepared now
+            meta, prepared = checkpointer.last_meta, loop.checkpoint_meta["data_identity"]
+            held += refuse_changed_data(step, meta, prepared, self.accept_data_change)
         # A max_steps below the checkpoint's step stops here (ConfigError).
         schedule, schedule_found = schedule_to_resume(
             r, step, layout.loaded_schedule, checkpointer.last_path
         )
-        refusals.on_main(dist, lambda: refusals.refuse_blocked_paths(r, root, step or 0))
+        # C107 for a history without checkpoints; a symlink or file where the run will write.
+        refusals.on_main(dist, lambda: refusals.refuse_to_start(r, self.run_dir, root, step))
         self._begin(doctor)  # nothing refused: the run dir is written from here on
         loop.trainer.schedule = layout.schedule = schedule
         found = list(checkpointer.last_findings)  # damaged steps passed over, junk, C121
