@@ -113,3 +113,25 @@ def test_a_resume_stopped_by_pre_flight_keeps_the_recipe_it_did_not_extend(
         "reference", "record", str(tiny_run_copy), "--out", str(tiny_run_copy.parent / "r.json")
     )
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_fresh_refuses_an_attic_that_is_a_link_before_moving_anything(
+    tiny_recipe: Path, tmp_path: Path
+) -> None:
+    """The run dir's attic is a matrix row; here a checkpoint.dir outside the run dir, whose
+    steps --fresh moves to its own attic/: a symlink there would take them out of it."""
+    from trainguard.config.load import load_recipe
+    from trainguard.errors import BadInputError
+    from trainguard.train.resume import start_fresh
+
+    run, ckpts, outside = tmp_path / "run", tmp_path / "ckpts", tmp_path / "outside"
+    for folder in (run, ckpts / "step-4", outside):
+        folder.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"kind": "step", "step": 4}\n')
+    (ckpts / "attic").symlink_to(outside)
+    before = tree_snapshot(tmp_path)
+    recipe = load_recipe(str(tiny_recipe), [f"checkpoint.dir={ckpts}"])
+    with pytest.raises(BadInputError) as e:
+        start_fresh(recipe, run)
+    assert str(ckpts / "attic") in e.value.message and "symbolic link" in e.value.message
+    assert tree_snapshot(tmp_path) == before

@@ -132,13 +132,14 @@ def refuse_blocked_paths(recipe: Recipe, root: str, start: int) -> None:
             )
 
 
-def refuse_blocked_attic(run_dir: Path) -> None:
-    """`--fresh` moves the previous run into RUN_DIR/attic/: refuse when that is a symlink or
-    a file (BadInputError, exit 2), before anything moved."""
-    attic = run_dir / ATTIC
+def refuse_blocked_attic(folder: Path) -> None:
+    """`--fresh` moves the previous run into `folder/attic/` (the run dir's, and a local
+    checkpoint.dir's outside it): refuse when that is a symlink or a file (BadInputError,
+    exit 2), before anything moved."""
+    attic = folder / ATTIC
     if _not_a_folder(attic):
         raise BadInputError(
             f"{attic} is {_what(attic)}, not the folder --fresh sets the previous run aside in; "
             "nothing was moved",
-            f"move {attic} out of {run_dir} and run again",
+            f"move {attic} out of {folder} and run again",
         )

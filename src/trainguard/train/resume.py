@@ -180,13 +180,15 @@ def start_fresh(recipe: Recipe, run_dir: Path) -> list[Finding]:
     folders of a checkpoint.dir outside the run dir) so the run starts at step 0; C113 says
     where it went. Call it in one process only (the launcher, or rank 0). An attic that is a
     symlink or a file is refused (BadInputError) before anything moves."""
-    refuse_blocked_attic(run_dir)
-    stamp = _stamp()
-    moved = set_aside_run_dir(run_dir, stamp)
-    where = [str(moved)] if moved else []
     root = checkpoint_root(recipe, run_dir)
     local = None if is_remote(root) else local_path(root)
     inside = local is not None and local.resolve().is_relative_to(run_dir.resolve())
+    refuse_blocked_attic(run_dir)
+    if local is not None and not inside:
+        refuse_blocked_attic(local)
+    stamp = _stamp()
+    moved = set_aside_run_dir(run_dir, stamp)
+    where = [str(moved)] if moved else []
     if not inside and (local is None or local.is_dir()):
         store = CheckpointStore(
             root,
