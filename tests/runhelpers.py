@@ -152,3 +152,20 @@ def judged_on_device(guard: Guard) -> tuple[Guard, list[int]]:
 
     guard.step_async = recorded  # type: ignore[method-assign]
     return guard, calls
+
+
+def tree_snapshot(root: Path) -> dict[str, str]:
+    """{relative path: sha256 of the bytes, the target of a symlink, or "dir"} of everything
+    under `root`: equal before and after a refused command means it changed nothing there."""
+    import hashlib
+
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            out[rel] = "-> " + str(path.readlink())
+        elif path.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out

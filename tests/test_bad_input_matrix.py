@@ -10,8 +10,9 @@ a fresh workspace of real files and asserts:
 
 To add a row: append `Row(...)` under its command. Placeholders in `args` are workspace paths
 (see `Workspace`); `fault` arranges a write failure (`readonly`, `disk_full`), missing cloud
-credentials (`no_credentials`) or a held run-dir lock (`locked`). A row for a fix still under
-way gets `marks=(pytest.mark.xfail(strict=True, reason=...),)`.
+credentials (`no_credentials`) or a held run-dir lock (`locked`); `tiny_run` alters a copy of a
+finished run (`{tiny_run}`, resumed with `{tiny_run_recipe}`). A row for a fix still under way
+gets `marks=(pytest.mark.xfail(strict=True, reason=...),)`.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Row:
     fault: str | None = None
     disk_limit: int = 1024  # `disk_full`: the bytes a file may hold (below the output's size)
     may_create: tuple[str, ...] = ()  # globs, relative to the workspace, of allowed new files
+    tiny_run: str | None = None  # `{tiny_run}`: a finished 12-step run's copy, as TINY_RUNS says
     marks: tuple = field(default_factory=tuple)
 
     def param(self):
@@ -76,6 +78,8 @@ DRILL_DIR = ("--workdir", "{out}/drill")
 # (a row's own value comes after PLAN_ALL: the last of a repeated option counts)
 PLAN_ALL = ("--step-time", "1", "--checkpoint-stall", "1", "--restart", "60", "--gpus", "8")
 PLAN_CYCLES = ("--cycles", "1000")
+# Resuming a copy of the finished 12-step tiny run (`Row.tiny_run` alters it first).
+TINY_RESUME = ("run", "{tiny_run_recipe}", "--run-dir", "{tiny_run}")
 
 ROWS = [
     # --- run ------------------------------------------------------------------------------
@@ -181,6 +185,55 @@ ROWS = [
         *("run", "{tiny}", "--no-evals", "--run-dir", "{run_quarantine_link}"),
         says=("quarantine", "symbolic link"),
     ),
+    # issue 26: rundir (a refused resume leaves the run dir byte-identical; no silent restart)
+    *[
+        row(f"run-resume-{name}", *TINY_RESUME, *args, tiny_run=alter, **kw)
+        for name, alter, args, kw in [
+            ("checkpoints-deleted", "no_steps", (), {"exit": 1, "says": ("C107", "--fresh")}),
+            ("checkpoints-folder-deleted", "no_root", (), {"exit": 1, "says": ("C107", "--fresh")}),
+            ("checkpoints-damaged", "all_damaged", (), {"exit": 1, "says": ("C107", "--fresh")}),
+            (
+                "data-changed",
+                "data_changed",
+                ("--set", "train.max_steps=16"),
+                {"exit": 1, "says": ("D104", "--accept-data-change")},
+            ),
+            ("other-recipe", None, ("--set", "train.lr=0.1"), {"says": ("train.lr", "--run-dir")}),
+            ("max-steps-below", None, ("--set", "train.max_steps=8"), {"says": ("max_steps",)}),
+            (
+                "reference-of-another-recipe",
+                None,
+                ("--set", "reference.path={ref_other}"),
+                {"says": ("another recipe",)},
+            ),
+            ("locked", None, (), {"says": ("lock",), "fault": "locked"}),
+            (
+                "step-symlink",
+                "step_12_symlink",
+                ("--set", "train.max_steps=16"),
+                {"says": ("{tiny_run}/checkpoints/step-12", "symbolic link", "move")},
+            ),
+            (
+                "step-file",
+                "step_16_file",
+                ("--set", "train.max_steps=16"),
+                {"says": ("{tiny_run}/checkpoints/step-16", "a file", "move")},
+            ),
+            (
+                "quarantine-file",
+                "quarantine_file",
+                (),
+                {"says": ("{tiny_run}/checkpoints/quarantine", "a file", "move")},
+            ),
+            (
+                "quarantine-symlink",
+                "quarantine_symlink",
+                (),
+                {"says": ("{tiny_run}/checkpoints/quarantine", "symbolic link")},
+            ),
+            ("fresh-attic-symlink", "attic_symlink", ("--fresh",), {"says": ("attic", "--fresh")}),
+        ]
+    ],
     # --- batch ------------------------------------------------------------------------------
     row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
     row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),
@@ -1325,6 +1378,16 @@ class Workspace:
         p["spec_outside"] = _write(inputs / "specs" / "out.yaml", yaml.safe_dump(spec))
         self.paths = p
 
+    def add_tiny_run(self, finished: Path, alter: str | None) -> None:
+        """`{tiny_run}`: a copy of the finished 12-step run (checkpoints 4, 8, 12), altered by
+        `TINY_RUNS[alter]`; `{tiny_run_recipe}`: its recipe, to resume it with."""
+        run = self.paths["tiny_run"] = self.root / "tiny-run"
+        shutil.copytree(finished, run, symlinks=True)
+        recipe = self.paths["inputs"] / "tiny-run.yaml"
+        self.paths["tiny_run_recipe"] = _write(recipe, (run / "recipe.yaml").read_bytes())
+        if alter is not None:
+            TINY_RUNS[alter](run, self.root)
+
     def format(self, arg: str) -> str:
         return arg.format(**{k: str(v) for k, v in self.paths.items()})
 
@@ -1350,6 +1413,70 @@ class Workspace:
             for p in self.root.rglob("*")
             if p.is_dir() and not p.is_symlink() and "__pycache__" not in p.parts
         }
+
+
+def _damage(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    data[-100] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def _data_changed(run: Path, root: Path) -> None:
+    """The last checkpoint says it was trained on other data (its manifest re-signed, as
+    anyone who can write the folder can): the resume stops with D104."""
+    from trainguard.checkpoint.manifest import MANIFEST, build_manifest, manifest_bytes
+
+    folder = run / "checkpoints" / "step-12"
+    old = json.loads((folder / MANIFEST).read_text())
+    old["meta"]["data_identity"]["tokenizer_hash"] = "0" * 32
+    (folder / MANIFEST).unlink()
+    (folder / MANIFEST).write_bytes(manifest_bytes(build_manifest(folder, 12, old["meta"])))
+
+
+def _moved_out(run: Path, root: Path, name: str) -> None:
+    """`name` in the run dir becomes a symlink to a folder outside it (its content moved
+    there, if it existed)."""
+    target = root / "elsewhere" / name.replace("/", "-")
+    target.parent.mkdir(exist_ok=True)
+    if (run / name).exists():
+        (run / name).rename(target)
+    else:
+        target.mkdir()
+    (run / name).symlink_to(target)
+
+
+def _no_steps(run: Path, root: Path) -> None:
+    for folder in (run / "checkpoints").glob("step-*"):
+        shutil.rmtree(folder)
+
+
+def _all_damaged(run: Path, root: Path) -> None:
+    for folder in (run / "checkpoints").glob("step-*"):
+        _damage(folder / "model.safetensors")
+
+
+def _quarantine_file(run: Path, root: Path) -> None:
+    _write(run / "checkpoints" / "quarantine", "mine\n")
+    _damage(run / "checkpoints" / "step-12" / "model.safetensors")  # to be set aside
+
+
+def _quarantine_symlink(run: Path, root: Path) -> None:
+    _moved_out(run, root, "checkpoints/quarantine")
+    _damage(run / "checkpoints" / "step-12" / "model.safetensors")  # to be set aside
+
+
+# How `{tiny_run}` is altered for a row (`Row.tiny_run`): each is a run dir `run` must refuse.
+TINY_RUNS = {
+    "no_steps": _no_steps,
+    "no_root": lambda run, root: shutil.rmtree(run / "checkpoints"),
+    "all_damaged": _all_damaged,
+    "data_changed": _data_changed,
+    "step_12_symlink": lambda run, root: _moved_out(run, root, "checkpoints/step-12"),
+    "step_16_file": lambda run, root: _write(run / "checkpoints" / "step-16", "mine\n"),
+    "quarantine_file": _quarantine_file,
+    "quarantine_symlink": _quarantine_symlink,
+    "attic_symlink": lambda run, root: _moved_out(run, root, "attic"),
+}
 
 
 def _write(path: Path, data: str | bytes) -> Path:
@@ -1450,7 +1577,7 @@ def _fault(row: Row, ws: Workspace, monkeypatch: pytest.MonkeyPatch):
     if row.fault == "disk_full":
         return _disk_full(row.disk_limit)
     if row.fault == "locked":
-        return _locked(ws.paths["run_ok"])
+        return _locked(ws.paths.get("tiny_run", ws.paths["run_ok"]))
     if row.fault == "no_credentials":
         for var in list(os.environ):
             if var.startswith("AWS_"):
@@ -1474,10 +1601,16 @@ def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("case", [r.param() for r in ROWS])
 def test_bad_input(
-    case: Row, tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+    case: Row,
+    tmp_path: Path,
+    data_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     assert case.says, "every row names the words its message must contain"
     ws = Workspace(tmp_path / "ws", data_cache)
+    if any("{tiny_run" in a for a in case.args):  # only these rows need the finished run
+        ws.add_tiny_run(request.getfixturevalue("finished_tiny_run"), case.tiny_run)
     before, folders = ws.snapshot(), ws.folders()
     args = [ws.format(a) for a in case.args]
     monkeypatch.chdir(ws.root)  # a default output path (runs/NAME) lands where it is seen

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from runhelpers import invoke_cli, run_cli, tiny_recipe_dict
+from runhelpers import invoke_cli, run_cli, tiny_recipe_dict, tree_snapshot
 from trainguard.cli import app
 from trainguard.errors import ExitStatus, RunDirBusyError
 from trainguard.util.runlock import LOCK_FILE, FolderLock, read_holder
@@ -216,8 +216,12 @@ def test_changed_data_stops_the_resume_unless_accepted(small_corpus: Path, tmp_p
     with open(corpus / "email" / "utils.py", "a") as f:
         f.write("\n# an edit after the run started\n")
     more = ["--set", "train.max_steps=4"]
+    before = tree_snapshot(run_dir)
     stopped = invoke_cli(*args, *more)
     assert stopped.returncode == 1, stopped.stderr[-3000:]
+    # Refused before the first write: tokenizer.json, recipe.yaml (its max_steps), the log and
+    # the report are as they were (issue 26).
+    assert tree_snapshot(run_dir) == before
     payload = one_json(stopped.stdout)  # a halted run prints its one object too
     assert payload["ok"] is False and payload["exit_status"] == 1 and "D104" in codes(payload)
     assert payload["error"]["type"] == "RunHalted" and "step 2" in payload["error"]["message"]

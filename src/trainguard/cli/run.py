@@ -1,8 +1,9 @@
 """`trainguard run [RECIPE]`: the main job; `trainguard report RUN_DIR`.
 
 With `--json` every exit prints exactly one JSON object on stdout (`RunResult.to_dict`), and its
-`ok` agrees with the exit status: finished (0), halted or stopped by pre-flight or D104 (1), bad
-input or usage (2), a hang (3), interrupted (130, 143). Under `--nproc` the launcher prints it:
+`ok` agrees with the exit status: finished (0), halted, stopped by pre-flight, D104 or C107, or a
+checkpoint that could not be written (1), bad input or usage (2), a hang (3), interrupted (130,
+143). A refused run changes nothing in its run dir. Under `--nproc` the launcher prints it:
 rank 0 of the last attempt writes its result to the file RESULT_ENV names.
 """
 

@@ -119,9 +119,12 @@ register(
         title="No valid checkpoint although committed ones exist",
         severity="error",
         catches="Checkpoints exist but every one of them failed verification or could not be "
-        "loaded; the finding lists each step and why.",
+        "loaded; the finding lists each step and why. Also a run dir whose metrics.jsonl "
+        "records committed checkpoints (a `checkpoint` event, or the end of a finished run) "
+        "while the checkpoint folder holds none: deleted or moved.",
         why="Auto-resume would silently start from scratch and overwrite the run's history: "
-        "metrics.jsonl truncated, the damaged folders (the evidence) pruned.",
+        "metrics.jsonl truncated, the damaged folders (the evidence) pruned, the whole run "
+        "trained again.",
         fix="`trainguard run` stops (exit 1) and changes nothing. Restore a good copy of a "
         "checkpoint from backup and run again, or start over on purpose with `trainguard run "
         "--fresh`, which moves the run dir's contents to RUN_DIR/attic/<timestamp>/ (nothing "

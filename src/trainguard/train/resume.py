@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from trainguard.metrics.jsonl import read_metrics
 from trainguard.monitors.hang_report import read_hang_reports
 from trainguard.train.checkpoint_files import RECIPE_FILE
 from trainguard.train.envinfo import drift_findings
+from trainguard.train.refusals import refuse_blocked_attic
 from trainguard.train.schedule import LrSchedule, resumed_schedule
 from trainguard.util.atomic import fsync_dir
 from trainguard.util.paths import is_remote, local_path
@@ -98,30 +98,28 @@ def load_or_refuse(checkpointer: Checkpointer, state: dict[str, Any]) -> int | N
 
 
 def refuse_changed_data(
-    step: int,
-    meta: dict[str, Any],
-    prepared: dict[str, Any],
-    accept: bool,
-    record: Callable[[list[Finding]], None],
-) -> None:
+    step: int, meta: dict[str, Any], prepared: dict[str, Any], accept: bool
+) -> list[Finding]:
     """D104: the checkpoint of `step` was trained on other data than the data prepared now
-    (`meta`: its manifest's, `prepared`: `data_identity` of today's). The findings are recorded
-    and the run stops (RunHalted) before anything on disk changes, unless the user accepted the
-    change (`--accept-data-change`; the findings say so)."""
+    (`meta`: its manifest's, `prepared`: `data_identity` of today's). Unless the user accepted
+    the change (`--accept-data-change`; the findings returned say so, for the log), the run
+    stops here (RunHalted, exit 1, carrying the findings) before anything on disk changes."""
     recorded = meta.get("data_identity")
     if recorded is None:
-        return
+        return []
     found = compare_identity(recorded, prepared)
-    accepted = " (accepted: --accept-data-change)" if accept else ""
-    record([dataclasses.replace(f, message=f.message + accepted) for f in found])
     if found and not accept:
-        raise RunHalted(
+        halted = RunHalted(
             f"not resuming from checkpoint step {step}: {found[0].message}; the same sample "
-            "ids would now be different text (D104)",
+            "ids would now be different text (D104); nothing was changed",
             "resume with the original data (same source files and tokenizer settings), start "
             "a new run with --run-dir NEW_DIR, or continue on the new data on purpose with "
             "--accept-data-change",
         )
+        halted.findings = found  # type: ignore[attr-defined]  (the run's result lists them)
+        raise halted
+    accepted = " (accepted: --accept-data-change)"
+    return [dataclasses.replace(f, message=f.message + accepted) for f in found]
 
 
 def resumed_findings(
@@ -181,13 +179,17 @@ def set_aside_run_dir(run_dir: Path, stamp: str) -> Path | None:
 def start_fresh(recipe: Recipe, run_dir: Path) -> list[Finding]:
     """`trainguard run --fresh`: set the previous run aside (run dir contents, and the step
     folders of a checkpoint.dir outside the run dir) so the run starts at step 0; C113 says
-    where it went. Call it in one process only (the launcher, or rank 0)."""
-    stamp = _stamp()
-    moved = set_aside_run_dir(run_dir, stamp)
-    where = [str(moved)] if moved else []
+    where it went. Call it in one process only (the launcher, or rank 0). An attic that is a
+    symlink or a file is refused (BadInputError) before anything moves."""
     root = checkpoint_root(recipe, run_dir)
     local = None if is_remote(root) else local_path(root)
     inside = local is not None and local.resolve().is_relative_to(run_dir.resolve())
+    refuse_blocked_attic(run_dir)
+    if local is not None and not inside:
+        refuse_blocked_attic(local)
+    stamp = _stamp()
+    moved = set_aside_run_dir(run_dir, stamp)
+    where = [str(moved)] if moved else []
     if not inside and (local is None or local.is_dir()):
         store = CheckpointStore(
             root,

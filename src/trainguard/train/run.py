@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,9 +32,10 @@ from trainguard.findings import Finding
 from trainguard.metrics.sinks import open_run_sinks
 from trainguard.model.gpt import GPT
 from trainguard.reference.select import select_reference
-from trainguard.train import rundir
+from trainguard.train import refusals, rundir
 from trainguard.train.callback import Callback, RunContext
 from trainguard.train.callbacks.preflight import doctor_preflight, stop_on_errors
+from trainguard.train.callbacks.runfiles import RunFilesCallback
 from trainguard.train.callbacks.validation import ValidationCallback
 from trainguard.train.callbacks.watchdog import WatchdogCallback
 from trainguard.train.compose import compose
@@ -44,6 +46,7 @@ from trainguard.train.optim import build_optimizer
 from trainguard.train.outcome import RunResult, close_run, hang_outcome
 from trainguard.train.progress import ProgressDisplay
 from trainguard.train.resume import (
+    checkpoint_root,
     load_or_refuse,
     open_checkpointer,
     probe_store,
@@ -53,7 +56,6 @@ from trainguard.train.resume import (
     start_fresh,
 )
 from trainguard.train.spine import Loop, train
-from trainguard.util.atomic import atomic_copy
 
 __all__ = ["run_recipe"]
 
@@ -118,6 +120,8 @@ class Run:
         # Before any expensive work: an unreadable reference, or another recipe's, is exit 2.
         self.reference = select_reference(self.recipe_dict)
         self.resumed_from: int | None = None
+        self.begun = False  # the run dir was written to (`_begin`): no refusal after that
+        self.held: list[Finding] = []  # findings of a run not begun: its result lists them
         self.loop: Loop | None = None
         self.validation: ValidationCallback | None = None
         self.watchdog: WatchdogCallback | None = None
@@ -135,18 +139,29 @@ class Run:
 
     # -- building ---------------------------------------------------------------------------
     def setup(self, fresh: bool = False) -> None:
-        """Everything up to the first step. The run dir is proven writable and locked."""
+        """Everything up to the first step. The run dir is proven writable and locked.
+
+        Every check that can refuse the run (the recipe, the doctor, the store, the checkpoint
+        and its data, the schedule, the paths the run will write) comes before its first
+        write (`_begin`): a refused run leaves the run dir as it found it. recipe.yaml and
+        tokenizer.json are written once pre-flight passed (`RunFilesCallback`)."""
         r, ctx, dist = self.recipe, self.ctx, self.dist
+        held = self.held  # found before the first write; logged by `_begin`
         if fresh:  # rank 0 sets the previous run aside; no rank looks at it before that
-            moved = start_fresh(r, self.run_dir) if ctx.is_main else []
-            dist.barrier()
-            ctx.record(moved)
+            refusals.on_main(dist, lambda: held.extend(start_fresh(r, self.run_dir)))
         rundir.check_resume_recipe(self.run_dir, self.recipe_dict)
+        doctor: dict[str, Any] | None = None
         if r.preflight.doctor:  # first: a bad node is found before anything is spent
-            found, details = doctor_preflight(r, self.run_dir, dist)
-            ctx.record(found)
-            ctx.log_event("doctor", checks=details)
+            found, doctor = doctor_preflight(r, self.run_dir, dist)
+            held += found
+            if any(f.severity == "error" for f in found) and r.preflight.fail_on_error:
+                # The doctor's verdict is the run's record (its findings and event are logged,
+                # as pre-flight's are); nothing else was written.
+                self._begin(doctor)
             stop_on_errors(found, r)
+        # A local checkpoint folder that is gone is checked before opening one creates it.
+        root = checkpoint_root(r, self.run_dir)
+        refusals.on_main(dist, lambda: refusals.refuse_missing_root(self.run_dir, root))
         layout = RunLayout(self.recipe_dict, self.env, self._checkpoint_written)
         checkpointer = open_checkpointer(r, self.run_dir, layout)
         probe_store(checkpointer, checkpointer.root)
@@ -166,31 +181,24 @@ class Run:
             reference=self.reference,
             on_hang=self._hang_diagnosed,
             on_timeout=self._hang_reported,
-            extra=self.extra_callbacks,
+            extra=[RunFilesCallback(self.recipe_dict, data.tokenizer_path), *self.extra_callbacks],
         )
         loop, self.loop = parts.loop, parts.loop
         self.validation, self.watchdog = parts.validation, parts.watchdog
-        # Before anything is written: checkpoints that exist but cannot be used stop the run
-        # here (C107), with metrics.jsonl and the checkpoint folders untouched.
-        step = load_or_refuse(checkpointer, loop.state)
-        # A max_steps below the checkpoint's step stops here, before the run dir is written.
+        step = load_or_refuse(checkpointer, loop.state)  # C107: none of them can be used
+        if step is not None:  # D104: the checkpoint's data is not the data prepared now
+            meta, prepared = checkpointer.last_meta, loop.checkpoint_meta["data_identity"]
+            held += refuse_changed_data(step, meta, prepared, self.accept_data_change)
+        # A max_steps below the checkpoint's step stops here (ConfigError).
         schedule, schedule_found = schedule_to_resume(
             r, step, layout.loaded_schedule, checkpointer.last_path
         )
+        # C107 for a history without checkpoints; a symlink or file where the run will write.
+        refusals.on_main(dist, lambda: refusals.refuse_to_start(r, self.run_dir, root, step))
+        self._begin(doctor)  # nothing refused: the run dir is written from here on
         loop.trainer.schedule = layout.schedule = schedule
-        if ctx.is_main:
-            rundir.write_recipe(self.run_dir, self.recipe_dict)
-            # A whole-file replace: a link there is refused, its target never overwritten.
-            atomic_copy(data.tokenizer_path, self.run_dir / "tokenizer.json")
         found = list(checkpointer.last_findings)  # damaged steps passed over, junk, C121
         if step is not None:
-            refuse_changed_data(
-                step,
-                checkpointer.last_meta,
-                loop.checkpoint_meta["data_identity"],
-                self.accept_data_change,
-                ctx.record,
-            )
             self.resumed_from = step
             found += resumed_findings(step, checkpointer.last_path, layout.loaded_env, self.env)
             found += schedule_found  # R620: max_steps changed, the LR before and after
@@ -198,6 +206,15 @@ class Run:
         if ctx.is_main:  # lets `trainguard watch` match a wave to the epoch length
             period = loop.sampler.num_samples / loop.sampler.global_batch_size
             ctx.metrics.write({"kind": "meta", "data_period_steps": period})
+
+    def _begin(self, doctor: dict[str, Any] | None) -> None:
+        """The run's first write: what was found before it (C113 of --fresh, the doctor's
+        findings and its event), once every check that could refuse the run has passed."""
+        self.begun = True
+        self.ctx.record(self.held)
+        self.held = []
+        if doctor is not None:
+            self.ctx.log_event("doctor", checks=doctor)
 
     # -- hangs: the process is about to exit 3 for a restart ------------------------------------
     def _checkpoint_written(self, step: int) -> None:
@@ -239,7 +256,9 @@ class Run:
                     primary.add_note(f"also could not close the run: {e}")
                 else:
                     error = e
-        close_run(self.ctx.metrics, self.run_dir, report and self.ctx.is_main, primary or error)
+        # A refused run (nothing begun) writes no report: its run dir stays as it was.
+        report = report and self.ctx.is_main and self.begun
+        close_run(self.ctx.metrics, self.run_dir, report, primary or error)
         if error is not None:
             raise error
 
@@ -253,7 +272,7 @@ class Run:
             params=sum(p.numel() for p in model.parameters()) if model is not None else 0,
             tokens=self.ctx.tokens_seen,
             resumed_from=self.resumed_from,
-            findings=list(self.ctx.findings),
+            findings=[*self.ctx.findings, *self.held],
         )
 
 

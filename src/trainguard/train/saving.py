@@ -6,13 +6,20 @@ next step's forward and backward run (the step waits for it before its update), 
 verifies and prunes. The next save, a rollback and the end of the loop wait for the write
 (`finish_checkpoint`): its findings are recorded and the callbacks hear of it
 (`post_checkpoint`) once it is committed.
+
+A save that cannot be written (a full disk, a file size limit, a store that stops answering)
+ends the run with exit 1 (OutputWriteError: an output could not be written), not 2: the input
+was fine, and training ran.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from trainguard.checkpoint.results import AsyncSave
+from trainguard.errors import OutputWriteError, StorageError
 
 if TYPE_CHECKING:
     from trainguard.train.loop import Loop
@@ -29,7 +36,8 @@ def save_checkpoint(loop: Loop, step: int) -> None:
     ctx.set_phase("checkpoint")
     finish_checkpoint(loop)  # one write at a time: the previous one first
     meta = {"tokens_seen": ctx.tokens_seen, **loop.checkpoint_meta}
-    saved = loop.checkpointer.save(step, loop.state, meta=meta)
+    with _write_failure():
+        saved = loop.checkpointer.save(step, loop.state, meta=meta)
     if isinstance(saved, AsyncSave):
         loop.writing = (step, saved)
         return
@@ -43,6 +51,19 @@ def finish_checkpoint(loop: Loop) -> None:
     if loop.writing is None:
         return
     (step, handle), loop.writing = loop.writing, None
-    path = handle.wait()
+    with _write_failure():
+        path = handle.wait()
     loop.ctx.record(loop.checkpointer.last_findings)
     loop.callbacks.post_checkpoint(loop.ctx, step, path)
+
+
+@contextlib.contextmanager
+def _write_failure() -> Iterator[None]:
+    """A checkpoint that could not be written is an output not written (exit 1); the storage
+    error's words (which step, where, why, the previous checkpoint kept) are kept."""
+    try:
+        yield
+    except OutputWriteError:
+        raise
+    except StorageError as e:
+        raise OutputWriteError(e.message, e.fix) from e
