@@ -80,6 +80,7 @@ from trainguard.integrations.hf_checkpoints import (
     rotate_verified,
     verified_best,
 )
+from trainguard.integrations.hf_loss import SkippedLoss
 from trainguard.integrations.verified import quarantine_folder, verify_folder
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,9 @@ class GuardedTrainerMixin:
         self.stop_decision: Decision | None = None  # the rollback or halt that stopped train()
         self._step_loss: Any = None
         self._masked: tuple[PendingStep, MaskedUpdate] | None = None  # the device path's
+        self._skip_loss = SkippedLoss()
+        # {"count", "steps", "train_loss_average", "train_loss_with_skipped"} after train()
+        self.skipped_updates: dict[str, Any] | None = None
         self.add_callback(TrainguardCallback(self))  # type: ignore[attr-defined]
 
     # --- data ---------------------------------------------------------------------------------
@@ -229,6 +233,29 @@ class GuardedTrainerMixin:
         finally:
             self.args.save_total_limit = limit
 
+    # --- train_loss without the skipped updates --------------------------------------------
+    def _maybe_log_save_evaluate(self, tr_loss: Any, *args: Any, **kwargs: Any) -> None:
+        # Called after each update (before a log resets `tr_loss`) and at each epoch's end.
+        self._skip_loss.after_step(self.state.global_step - 1, tr_loss, self.guard)
+        super()._maybe_log_save_evaluate(tr_loss, *args, **kwargs)  # type: ignore[misc]
+        self._skip_loss.mark(tr_loss)
+
+    def log(self, logs: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        if "train_loss" in logs and "train_runtime" in logs:  # the end-of-training summary
+            trained = self.state.global_step - getattr(self, "_initial_global_step", 0)
+            self.skipped_updates = self._skip_loss.correct(logs, trained, self.guard)
+            if self.skipped_updates["count"]:
+                log.warning(
+                    "trainguard: train_loss %.6g averages the applied updates only; the %d "
+                    "skipped (steps %s) are left out (the Trainer's own average with them: "
+                    "train_loss_with_skipped %.6g)",
+                    logs["train_loss"],
+                    self.skipped_updates["count"],
+                    self.skipped_updates["steps"],
+                    logs["train_loss_with_skipped"],
+                )
+        super().log(logs, *args, **kwargs)  # type: ignore[misc]
+
     def _finalize_training(self, *args: Any, **kwargs: Any) -> Any:
         # With save_total_limit=1 and a best folder the Trainer deletes every other folder
         # here, unverified: suspended (only then: other callbacks keep reading the limit), and
@@ -243,6 +270,8 @@ class GuardedTrainerMixin:
             self.args.save_total_limit = limit
         if self.stop_decision is None:
             self._end()
+        if isinstance(output.metrics, dict) and "train_loss" in output.metrics:  # corrected
+            output = output._replace(training_loss=output.metrics["train_loss"])
         return output
 
     def _end(self) -> None:
@@ -280,6 +309,7 @@ class GuardedTrainerMixin:
         resume = self._resume_folder(resume_from_checkpoint, state)
         while True:
             self.stop_decision, self._step_loss, self._masked = None, None, None
+            self._skip_loss = SkippedLoss(len(self.guard.history))  # this call's steps only
             output = super().train(resume_from_checkpoint=resume, **kwargs)  # type: ignore[misc]
             stop = self.stop_decision
             if stop is None:
