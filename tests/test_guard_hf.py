@@ -196,6 +196,21 @@ def test_exactly_the_poisoned_updates_are_skipped_at_their_own_steps(guarded: Ru
     assert all(p.isfinite().all() for p in guarded.params)
 
 
+def test_train_loss_averages_the_applied_updates_only(guarded: Run) -> None:
+    """The Trainer's own `train_loss` averages in the skipped 1000x spike (and a stand-in for
+    the NaN); GuardedTrainer's leaves both out and keeps the Trainer's beside it."""
+    summary = guarded.trainer.state.log_history[-1]
+    applied = [loss for step, _, loss in guarded.trainer.seen if step not in (NAN_STEP, SPIKE_STEP)]
+    assert len(applied) == STEPS - 2
+    assert summary["train_loss"] == pytest.approx(sum(applied) / len(applied), rel=1e-5)
+    assert summary["train_loss_with_skipped"] > 10 * summary["train_loss"]  # the spike's share
+    assert summary["train_loss_skipped_updates"] == 2
+    skipped = guarded.trainer.skipped_updates
+    assert skipped is not None and skipped["count"] == 2
+    assert skipped["steps"] == [NAN_STEP, SPIKE_STEP]
+    assert skipped["train_loss_average"].startswith("excludes")
+
+
 def test_unguarded_control_run_goes_nan(tmp_path: Path) -> None:
     off = Guard(config=GuardsConfig(enabled=False))  # the same trainer and data, not guarded
     run = train(tmp_path, guard=off, max_steps=NAN_STEP + 2, save_strategy="no")
