@@ -82,16 +82,12 @@ def state_of(run: Path, step: int) -> Path:
     return run / f"checkpoint-{step}" / "trainer_state.json"
 
 
-def test_the_trainer_logs_a_nan_step_as_loss_zero(nan_run: Path) -> None:
-    """The fact the detector rests on, read from the real Trainer's log."""
-    doc = json.loads(state_of(nan_run, STEPS).read_text())
-    rows = {e["step"]: e for e in doc["log_history"] if "loss" in e}
-    assert rows[NAN]["loss"] == 0.0 and math.isnan(rows[NAN]["grad_norm"])
-    assert rows[NAN - 1]["loss"] > 1 and math.isfinite(rows[NAN - 1]["grad_norm"])
-    assert all(rows[s]["loss"] == 0.0 for s in range(NAN, STEPS + 1))
-
-
 def test_nan_step_is_r101_at_its_step_and_50_steps_are_one_episode(nan_run: Path) -> None:
+    # What the real Trainer logged: the NaN loss as 0.0, beside a NaN gradient norm.
+    doc = json.loads(state_of(nan_run, STEPS).read_text())
+    logged = {e["step"]: e for e in doc["log_history"] if "loss" in e}
+    assert logged[NAN]["loss"] == 0.0 and math.isnan(logged[NAN]["grad_norm"])
+    assert logged[NAN - 1]["loss"] > 1 and math.isfinite(logged[NAN - 1]["grad_norm"])
     findings, summary = watch_log(state_of(nan_run, STEPS))
     loss = [f for f in findings if f.metric == "loss"]
     assert {f.code for f in loss} == {"R101"}  # the 0.0 is a non-finite loss, not a dip

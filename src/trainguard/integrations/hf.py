@@ -34,6 +34,11 @@ before the update):
   `global_step` = N). Step N then reads the next global batch no rollback marked bad.
 - halt (R203): no update, no save; `train()` raises RunHalted.
 
+`train_loss` (the end-of-training summary and `train()`'s output): the Trainer's own averages
+every step it ran, a skipped spike and the stand-in its `logging_nan_inf_filter` makes up for a
+NaN included; here it averages the applied updates only (`hf_loss.SkippedLoss`), the Trainer's
+kept as `train_loss_with_skipped`, and `trainer.skipped_updates` says which steps were left out.
+
 Data: the training sampler is an `ElasticSampler` (`trainer.elastic_sampler`) over the whole
 run (`max_steps` is required), its global batch the Trainer's total train batch size; the
 Trainer's own resume skips the first N steps' batches. Under torchrun/accelerate with DDP, the
