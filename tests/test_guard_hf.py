@@ -513,6 +513,10 @@ def test_gradient_accumulation_judges_the_step_loss_and_skips_the_whole_step(
     assert same(every.params[GA_NAN], every.params[GA_NAN + 1])  # the whole step skipped
     assert not same(every.params[GA_NAN - 1], every.params[GA_NAN])
     assert all(p.isfinite().all() for p in every.params[8])
+    # train_loss: the 7 applied steps; the skipped one's clean first micro-batch left out too.
+    applied = [judged[step] for step in range(8) if step != GA_NAN]
+    summary = trainer.state.log_history[-1]
+    assert summary["train_loss"] == pytest.approx(sum(applied) / 7, rel=1e-5)
 
 
 # -- DDP: two gloo processes ---------------------------------------------------------------------
