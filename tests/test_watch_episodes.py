@@ -283,3 +283,17 @@ def test_report_lists_episodes_and_skipped_updates(tmp_path: Path) -> None:
     assert "| train loss average | none:" in md
     html = html_path.read_text()
     assert html.count("<td>R101</td>") == 1 and "10-29 (20 findings)" in html
+
+
+def test_run_prints_one_line_per_episode_and_its_skips(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainguard.cli.run import _RunOutput
+    from trainguard.train.outcome import RunResult
+
+    result = RunResult(tmp_path, 40, 3.0, 1.2, 10, 100, skipped_steps=[5, 6])
+    result.findings = [f("R201", s) for s in range(5, 35)]
+    _RunOutput(as_json=False, quiet=False).end(result)
+    out = capsys.readouterr().out
+    assert sum(line.startswith("│ R201 ") for line in out.splitlines()) == 1, out
+    assert "skipped updates: 2 (steps 5, 6)" in out
