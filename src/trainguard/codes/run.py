@@ -137,15 +137,16 @@ register(
         title="Loss logged as exactly zero",
         severity="warning",
         catches="A watched loss logged as exactly 0.0 (`trainguard watch`). A language model's "
-        "cross-entropy is not exactly zero; a logged 0.0 stands for something else. The Hugging "
-        "Face Trainer logs a NaN or Inf loss as a made-up value (`logging_nan_inf_filter`, on "
-        "by default, adds `tr_loss / (1 + steps since the last log)` instead, `tr_loss` being "
-        "the sum since that log): 0.0 for the first step after a log, so every non-finite step with "
-        "`logging_steps=1`, and every logging window whose steps were all non-finite. With a "
-        "NaN, Inf or missing gradient norm beside it in a `trainer_state.json`, the step is "
-        "reported as R101 instead; a NaN or Inf gradient norm makes it R101 in any log. A "
-        "`GuardedTrainer` step skipped for a non-finite loss logs 0.0 with a gradient norm of "
-        "0.0 (its gradients were dropped): R107, and guard.jsonl holds the skip.",
+        "cross-entropy is not exactly zero; a logged 0.0 stands for something else. The "
+        "Hugging Face Trainer logs a NaN or Inf loss as a made-up value "
+        "(`logging_nan_inf_filter`, on by default, adds `tr_loss / (1 + steps since the last "
+        "log)` instead, `tr_loss` being the sum since that log): 0.0 for the first step after "
+        "a log, so every non-finite step with `logging_steps=1`, and every logging window "
+        "whose steps were all non-finite. With a NaN, Inf or missing gradient norm beside it "
+        "in a `trainer_state.json`, the step is reported as R101 instead; a NaN or Inf "
+        "gradient norm makes it R101 in any log. A `GuardedTrainer` step skipped for a "
+        "non-finite loss logs 0.0 with a gradient norm of 0.0 (its gradients were dropped): "
+        "R107, and guard.jsonl holds the skip.",
         why="The step it stands for is hidden: a NaN that went into the weights, or a batch with "
         "no target tokens; a chart shows a dip to zero, not a fault, and the Trainer's own "
         "`train_loss` averages the zeros in.",
