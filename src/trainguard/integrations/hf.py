@@ -248,7 +248,9 @@ class GuardedTrainerMixin:
     def log(self, logs: dict[str, Any], *args: Any, **kwargs: Any) -> None:
         if "train_loss" in logs and "train_runtime" in logs:  # the end-of-training summary
             trained = self.state.global_step - getattr(self, "_initial_global_step", 0)
-            self.skipped_updates = self._skip_loss.correct(logs, trained, self.guard)
+            several = self.args.world_size > 1
+            mean = (lambda t: self.accelerator.reduce(t, reduction="mean")) if several else None
+            self.skipped_updates = self._skip_loss.correct(logs, trained, self.guard, mean)
             if self.skipped_updates["count"]:
                 log.warning(
                     "trainguard: train_loss %.6g averages the applied updates only; the %d "

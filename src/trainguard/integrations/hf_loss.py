@@ -16,6 +16,7 @@ The per-interval `loss` entries stay the Trainer's: they show what each step mea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from trainguard.report.skips import HF_EXCLUDES, skipped_updates
@@ -55,15 +56,28 @@ class SkippedLoss:
                 self.steps.append(step)
                 self._skipped = added if self._skipped is None else self._skipped + added
 
-    def correct(self, logs: dict[str, Any], trained: int, guard: Any) -> dict[str, Any]:
+    def correct(
+        self,
+        logs: dict[str, Any],
+        trained: int,
+        guard: Any,
+        mean_over_ranks: Callable[[Any], Any] | None = None,
+    ) -> dict[str, Any]:
         """Take the skipped steps out of the summary's `train_loss` (= sum / `trained`, the
-        steps of this call) in place; the skipped-updates summary."""
+        steps of this call) in place; the skipped-updates summary. `mean_over_ranks` (several
+        processes: every rank calls it) averages what each rank's sum held of the skipped
+        steps, as the Trainer averages the sums it logs."""
         self._settle(guard)
         own = logs["train_loss"]
         summary = skipped_updates(self.steps, HF_EXCLUDES)
         summary["train_loss_with_skipped"] = own
+        skipped = self._skipped
+        if mean_over_ranks is not None and self._mark is not None:
+            # A collective: every rank takes part, whatever it skipped (the guard's decisions
+            # agree over ranks, so all of them or none have steps here).
+            skipped = mean_over_ranks(self._mark * 0 if skipped is None else skipped)
         if self.steps:
-            removed = float(self._skipped.item())  # one host read, at the end
+            removed = float(skipped.item())  # one host read, at the end
             applied = trained - len(self.steps)
             total = own * max(trained, 0.001)  # the Trainer's own divisor
             logs["train_loss"] = (total - removed) / applied if applied > 0 else float("nan")
