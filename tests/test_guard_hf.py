@@ -196,6 +196,21 @@ def test_exactly_the_poisoned_updates_are_skipped_at_their_own_steps(guarded: Ru
     assert all(p.isfinite().all() for p in guarded.params)
 
 
+def test_train_loss_averages_the_applied_updates_only(guarded: Run) -> None:
+    """The Trainer's own `train_loss` averages in the skipped 1000x spike (and a stand-in for
+    the NaN); GuardedTrainer's leaves both out and keeps the Trainer's beside it."""
+    summary = guarded.trainer.state.log_history[-1]
+    applied = [loss for step, _, loss in guarded.trainer.seen if step not in (NAN_STEP, SPIKE_STEP)]
+    assert len(applied) == STEPS - 2
+    assert summary["train_loss"] == pytest.approx(sum(applied) / len(applied), rel=1e-5)
+    assert summary["train_loss_with_skipped"] > 10 * summary["train_loss"]  # the spike's share
+    assert summary["train_loss_skipped_updates"] == 2
+    skipped = guarded.trainer.skipped_updates
+    assert skipped is not None and skipped["count"] == 2
+    assert skipped["steps"] == [NAN_STEP, SPIKE_STEP]
+    assert skipped["train_loss_average"].startswith("excludes")
+
+
 def test_unguarded_control_run_goes_nan(tmp_path: Path) -> None:
     off = Guard(config=GuardsConfig(enabled=False))  # the same trainer and data, not guarded
     run = train(tmp_path, guard=off, max_steps=NAN_STEP + 2, save_strategy="no")
@@ -498,6 +513,10 @@ def test_gradient_accumulation_judges_the_step_loss_and_skips_the_whole_step(
     assert same(every.params[GA_NAN], every.params[GA_NAN + 1])  # the whole step skipped
     assert not same(every.params[GA_NAN - 1], every.params[GA_NAN])
     assert all(p.isfinite().all() for p in every.params[8])
+    # train_loss: the 7 applied steps; the skipped one's clean first micro-batch left out too.
+    applied = [judged[step] for step in range(8) if step != GA_NAN]
+    summary = trainer.state.log_history[-1]
+    assert summary["train_loss"] == pytest.approx(sum(applied) / 7, rel=1e-5)
 
 
 # -- DDP: two gloo processes ---------------------------------------------------------------------
@@ -665,6 +684,12 @@ def test_device_path_skips_the_same_updates_bitwise(guarded: Run, tmp_path: Path
     assert same(run.trainer.optimizer.state_dict(), guarded.trainer.optimizer.state_dict())
     saved = {p.name for p in tmp_path.glob("checkpoint-*")}
     assert saved == {p.name for p in guarded.out.glob("checkpoint-*")}
+    # train_loss leaves out the skipped steps here too, though each decision came a step late.
+    ours_skipped, theirs_skipped = run.trainer.skipped_updates, guarded.trainer.skipped_updates
+    assert ours_skipped is not None and theirs_skipped is not None
+    assert ours_skipped["steps"] == theirs_skipped["steps"] == [NAN_STEP, SPIKE_STEP]
+    ours, theirs = run.trainer.state.log_history[-1], guarded.trainer.state.log_history[-1]
+    assert ours["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-6)
 
 
 @pytest.mark.slow  # two Trainer runs; the skip test above keeps the device path by default

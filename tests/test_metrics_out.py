@@ -255,3 +255,5 @@ def test_report_marks_findings_and_non_finite_values(faulty_run: Path) -> None:
     # The HTML embeds the marked plots.
     html = (faulty_run / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 3
+    # ... and the report counts the skipped update (run averages no training loss).
+    assert "| skipped updates | 1 (steps 5) |" in (faulty_run / "report.md").read_text()

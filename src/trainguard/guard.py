@@ -294,6 +294,12 @@ class Guard:
         self._pending = (pending, staged)
         return pending
 
+    @property
+    def pending_step(self) -> int | None:
+        """The step `step_async` judged whose decision is not read back yet; None when none
+        (every earlier step's action is in `history`)."""
+        return None if self._pending is None else self._pending[0].step
+
     def flush(self) -> Decision | None:
         """The pending step's bookkeeping now (one host read of its staged values): its
         Decision, or None when nothing is pending. A skipped update's host-side state is put

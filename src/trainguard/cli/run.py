@@ -20,8 +20,10 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand
 
-from trainguard.cli.common import console, err_console, findings_table
+from trainguard.cli._episodes import episodes_table
+from trainguard.cli.common import console, err_console
 from trainguard.errors import ConfigError, ExitStatus, Interrupted
+from trainguard.findings import group_episodes
 from trainguard.train.outcome import RunResult, describe_error
 from trainguard.util.paths import refuse_overwrite
 
@@ -74,8 +76,15 @@ class _RunOutput:
                 sys.stdout.write(text)
                 sys.stdout.flush()
         elif result.ok and not self.quiet:
-            if result.findings:
-                console.print(findings_table(result.findings, "Run findings"))
+            if result.findings:  # one line per episode: 50 NaN steps are one event
+                console.print(episodes_table(group_episodes(result.findings), "Run findings"))
+            if result.skipped_steps:
+                steps = ", ".join(map(str, sorted(result.skipped_steps)[:20]))
+                more = "..." if len(result.skipped_steps) > 20 else ""
+                console.print(
+                    f"skipped updates: {len(result.skipped_steps)} (steps {steps}{more}); "
+                    "no training-loss average includes them (run averages none)"
+                )
             console.print(
                 f"[bold]done[/]: step {result.final_step}, val_loss "
                 f"{result.final_val_loss:.4f}, val_bpb {result.final_val_bpb:.4f}, "

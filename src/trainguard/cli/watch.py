@@ -16,15 +16,17 @@ import typer
 import yaml
 from pydantic import ValidationError
 
-from trainguard.cli.common import console, emit, exit_status, findings_table
+from trainguard.cli._episodes import emit_episodes, episode_counts, episodes_table
+from trainguard.cli.common import console, exit_status
 from trainguard.errors import ConfigError, DataError
-from trainguard.findings import Finding, has_errors
-from trainguard.metrics.formats import ACCEPTED, follow_rows, read_rows
+from trainguard.findings import EpisodeGrouper, Finding, has_errors, step_interval
+from trainguard.metrics.formats import ACCEPTED, detect_format, follow_rows, read_rows
 from trainguard.metrics.logfile import LogState, normalise
 from trainguard.monitors.config import MonitorsConfig
 from trainguard.monitors.loader import LoaderStallDetector
 from trainguard.monitors.metric_names import choose_metrics
-from trainguard.monitors.monitor_set import MonitorSet
+from trainguard.monitors.monitor_set import MonitorSet, infer_kind
+from trainguard.monitors.zero_loss import ZeroLossDetector
 
 
 def _config(assignments: list[str] | None) -> MonitorsConfig:
@@ -44,14 +46,36 @@ def _config(assignments: list[str] | None) -> MonitorsConfig:
         ) from None
 
 
+def _grad_beside(loss: str, names: set[str]) -> str | None:
+    """The gradient norm logged beside loss metric `loss`: the one with its prefix
+    (`train/loss` -> `train/grad_norm`), else any; None when the log has none."""
+    norms = sorted(n for n in names if infer_kind(n) == "grad_norm")
+    prefix = loss.rpartition("/")[0]
+    same = [n for n in norms if n.rpartition("/")[0] == prefix]
+    return (same or norms or [None])[0]
+
+
 class Replay:
-    """The detectors `watch` runs over a log's step rows (see the module docstring)."""
+    """The detectors `watch` runs over a log's step rows (see the module docstring), and a
+    loss logged as exactly 0.0 (R101/R107, `monitors.zero_loss`: `hf_filtered` for a Hugging
+    Face `trainer_state.json`, whose Trainer writes a non-finite loss as 0.0)."""
 
     def __init__(
-        self, config: MonitorsConfig, metrics: dict[str, Any], data_period: float | None
+        self,
+        config: MonitorsConfig,
+        metrics: dict[str, Any],
+        data_period: float | None,
+        keys: set[str] | None = None,
+        hf_filtered: bool = False,
     ) -> None:
         self.per_metric = MonitorSet(config, metrics, data_period)
         self.loader = LoaderStallDetector(config)
+        names = set(metrics) | set(keys or ())
+        self.zero = [
+            ZeroLossDetector(name, _grad_beside(name, names), hf_filtered)
+            for name, kind in metrics.items()
+            if kind == "loss"
+        ]
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -59,7 +83,10 @@ class Replay:
 
     def update(self, step: int, values: dict[str, float | None]) -> list[Finding]:
         data_s, step_s = values.get("data_time_s"), values.get("step_time_s")
-        return self.per_metric.update(step, values) + self.loader.update(step, data_s, step_s)
+        found = self.per_metric.update(step, values) + self.loader.update(step, data_s, step_s)
+        for z in self.zero:
+            found += z.update(step, values)
+        return found
 
     def finalize(self) -> list[Finding]:
         return self.per_metric.finalize()
@@ -88,7 +115,8 @@ def watch_log(
         )
     chosen = choose_metrics(state.keys, metrics)
     period = data_period or state.data_period
-    ms = Replay(config or MonitorsConfig(), chosen, period)
+    hf = detect_format(Path(path)) == "hf_trainer_state"
+    ms = Replay(config or MonitorsConfig(), chosen, period, state.keys, hf_filtered=hf)
     findings: list[Finding] = []
     for step, values in rows:
         findings += ms.update(step, values)
@@ -98,6 +126,8 @@ def watch_log(
         "rows": len(rows),
         "metrics": chosen,
         "data_period_steps": period,
+        # Findings this far apart or closer are one episode (a log written every N steps).
+        "log_interval_steps": step_interval([step for step, _ in rows]),
     }
     return findings, summary
 
@@ -115,14 +145,23 @@ def _follow(
     ms: Replay | None = None
     findings: list[Finding] = []
     pending: list[tuple[int, dict]] = []
+    steps: list[int] = []
+    grouper = EpisodeGrouper()
+    numbers: dict[int, int] = {}  # id(episode) -> its place in grouper.episodes
 
     def show(found: list[Finding]) -> None:
+        """JSON: every finding, with the number of its episode; text: an episode when it
+        opens (its later findings are counted in the summary's table)."""
+        grouper.gap = step_interval(steps)
         for f in found:
+            episode, new = grouper.add(f)
             if as_json:
-                sys.stdout.write(json.dumps({"finding": f.to_dict()}, default=str) + "\n")
+                number = numbers.setdefault(id(episode), len(numbers))
+                line = json.dumps({"finding": f.to_dict(), "episode": number}, default=str)
+                sys.stdout.write(line + "\n")
                 sys.stdout.flush()
-            else:
-                console.print(findings_table([f], title="watch"))
+            elif new:
+                console.print(episodes_table([episode], title="watch"))
         findings.extend(found)
 
     try:
@@ -132,12 +171,13 @@ def _follow(
                 continue
             if ms is None:
                 pending.append(r)
-                ms = Replay(config, choose_metrics(state.keys, metrics), None)
+                ms = Replay(config, choose_metrics(state.keys, metrics), None, state.keys)
                 rows, pending = pending, []
             else:
                 rows = [r]
             ms.set_data_period(data_period or state.data_period)
             for step, values in rows:
+                steps.append(step)
                 show(ms.update(step, values))
     except KeyboardInterrupt:
         pass
@@ -147,17 +187,20 @@ def _follow(
     summary = {
         "ok": not has_errors(findings),
         "findings": [f.to_dict() for f in findings],
+        "episodes": [e.to_dict() for e in grouper.episodes],
         "source": str(path),
         "rows": state.rows,
         "metrics": ms.metrics,
         "data_period_steps": data_period or state.data_period,
+        "log_interval_steps": grouper.gap,
     }
     if as_json:
         sys.stdout.write(json.dumps(summary, default=str) + "\n")
     else:
-        n_err = sum(f.severity == "error" for f in findings)
-        n_warn = sum(f.severity == "warning" for f in findings)
-        console.print(f"watch: {state.rows} rows, {n_err} errors, {n_warn} warnings")
+        if any(e.count > 1 for e in grouper.episodes):  # how each episode ended
+            console.print(episodes_table(grouper.episodes, title="watch: episodes"))
+        counts = episode_counts(grouper.episodes, len(findings))
+        console.print(f"watch: {state.rows} rows, {counts}")
     raise typer.Exit(exit_status(findings))
 
 
@@ -205,4 +248,5 @@ def register(app: typer.Typer) -> None:
             _follow(metrics_log, metric or None, data_period, config, as_json, idle_timeout)
             return
         findings, summary = watch_log(metrics_log, metric or None, data_period, config)
-        emit(findings, as_json, extra=summary, title="watch")
+        gap = summary["log_interval_steps"]
+        emit_episodes(findings, as_json, extra=summary, title="watch", gap=gap)

@@ -133,6 +133,37 @@ register(
         "patience; a deliberate change of batch size or sequence length also fires once.",
     ),
     Code(
+        code="R107",
+        title="Loss logged as exactly zero",
+        severity="warning",
+        catches="A watched loss logged as exactly 0.0 (`trainguard watch`). A language model's "
+        "cross-entropy is not exactly zero; a logged 0.0 stands for something else. The "
+        "Hugging Face Trainer logs a NaN or Inf loss as a made-up value "
+        "(`logging_nan_inf_filter`, on by default, adds `tr_loss / (1 + steps since the last "
+        "log)` instead, `tr_loss` being the sum since that log): 0.0 for the first step after "
+        "a log, so every non-finite step with `logging_steps=1`, and every logging window "
+        "whose steps were all non-finite. With a NaN, Inf or missing gradient norm beside it "
+        "in a `trainer_state.json`, the step is reported as R101 instead; a NaN or Inf "
+        "gradient norm makes it R101 in any log. A `GuardedTrainer` step skipped for a "
+        "non-finite loss logs 0.0 with a gradient norm of 0.0 (its gradients were dropped): "
+        "R107, and guard.jsonl holds the skip.",
+        why="The step it stands for is hidden: a NaN that went into the weights, or a batch with "
+        "no target tokens; a chart shows a dip to zero, not a fault, and the Trainer's own "
+        "`train_loss` averages the zeros in.",
+        fix="Find out what the step computed: train with `logging_nan_inf_filter=False` (the "
+        "Trainer then logs nan), check the batch's labels (every label -100 leaves no loss), and "
+        "read the gradient norm of the same step. A run under trainguard's guard says in its "
+        "guard.jsonl whether the step was skipped.",
+        false_positives="A model that fits its batch exactly (a tiny model memorising a few "
+        "samples; a saturated softmax in float32) can log 0.0; so can a metric that is rightly "
+        "zero watched as a loss (an auxiliary loss switched off): choose the metrics with "
+        "`--metric`. Not seen: a non-finite step inside a logging window with finite steps "
+        "(`logging_steps` > 1) logs a plausible average; only the gradient norm of the window's "
+        "last step is logged.",
+        references=("transformers Trainer: TrainingArguments.logging_nan_inf_filter",),
+        lifecycle="preview",
+    ),
+    Code(
         code="R201",
         title="Update skipped",
         severity="info",

@@ -34,6 +34,11 @@ before the update):
   `global_step` = N). Step N then reads the next global batch no rollback marked bad.
 - halt (R203): no update, no save; `train()` raises RunHalted.
 
+`train_loss` (the end-of-training summary and `train()`'s output): the Trainer's own averages
+every step it ran, a skipped spike and the stand-in its `logging_nan_inf_filter` makes up for a
+NaN included; here it averages the applied updates only (`hf_loss.SkippedLoss`), the Trainer's
+kept as `train_loss_with_skipped`, and `trainer.skipped_updates` says which steps were left out.
+
 Data: the training sampler is an `ElasticSampler` (`trainer.elastic_sampler`) over the whole
 run (`max_steps` is required), its global batch the Trainer's total train batch size; the
 Trainer's own resume skips the first N steps' batches. Under torchrun/accelerate with DDP, the
@@ -80,6 +85,7 @@ from trainguard.integrations.hf_checkpoints import (
     rotate_verified,
     verified_best,
 )
+from trainguard.integrations.hf_loss import SkippedLoss
 from trainguard.integrations.verified import quarantine_folder, verify_folder
 
 log = logging.getLogger(__name__)
@@ -124,6 +130,9 @@ class GuardedTrainerMixin:
         self.stop_decision: Decision | None = None  # the rollback or halt that stopped train()
         self._step_loss: Any = None
         self._masked: tuple[PendingStep, MaskedUpdate] | None = None  # the device path's
+        self._skip_loss = SkippedLoss()
+        # {"count", "steps", "train_loss_average", "train_loss_with_skipped"} after train()
+        self.skipped_updates: dict[str, Any] | None = None
         self.add_callback(TrainguardCallback(self))  # type: ignore[attr-defined]
 
     # --- data ---------------------------------------------------------------------------------
@@ -239,6 +248,31 @@ class GuardedTrainerMixin:
         finally:
             self.args.save_total_limit = limit
 
+    # --- train_loss without the skipped updates --------------------------------------------
+    def _maybe_log_save_evaluate(self, tr_loss: Any, *args: Any, **kwargs: Any) -> None:
+        # Called after each update (before a log resets `tr_loss`) and at each epoch's end.
+        self._skip_loss.after_step(self.state.global_step - 1, tr_loss, self.guard)
+        super()._maybe_log_save_evaluate(tr_loss, *args, **kwargs)  # type: ignore[misc]
+        self._skip_loss.mark(tr_loss)
+
+    def log(self, logs: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        if "train_loss" in logs and "train_runtime" in logs:  # the end-of-training summary
+            trained = self.state.global_step - getattr(self, "_initial_global_step", 0)
+            several = self.args.world_size > 1
+            mean = (lambda t: self.accelerator.reduce(t, reduction="mean")) if several else None
+            self.skipped_updates = self._skip_loss.correct(logs, trained, self.guard, mean)
+            if self.skipped_updates["count"]:
+                log.warning(
+                    "trainguard: train_loss %.6g averages the applied updates only; the %d "
+                    "skipped (steps %s) are left out (the Trainer's own average with them: "
+                    "train_loss_with_skipped %.6g)",
+                    logs["train_loss"],
+                    self.skipped_updates["count"],
+                    self.skipped_updates["steps"],
+                    logs["train_loss_with_skipped"],
+                )
+        super().log(logs, *args, **kwargs)  # type: ignore[misc]
+
     def _finalize_training(self, *args: Any, **kwargs: Any) -> Any:
         # With save_total_limit=1 and a best folder the Trainer deletes every other folder
         # here, unverified: suspended (only then: other callbacks keep reading the limit), and
@@ -253,6 +287,8 @@ class GuardedTrainerMixin:
             self.args.save_total_limit = limit
         if self.stop_decision is None:
             self._end()
+        if isinstance(output.metrics, dict) and "train_loss" in output.metrics:  # corrected
+            output = output._replace(training_loss=output.metrics["train_loss"])
         return output
 
     def _end(self) -> None:
@@ -295,6 +331,7 @@ class GuardedTrainerMixin:
         resume = self._resume_folder(resume_from_checkpoint, state)
         while True:
             self.stop_decision, self._step_loss, self._masked = None, None, None
+            self._skip_loss = SkippedLoss(len(self.guard.history))  # this call's steps only
             output = super().train(resume_from_checkpoint=resume, **kwargs)  # type: ignore[misc]
             stop = self.stop_decision
             if stop is None:

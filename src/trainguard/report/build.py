@@ -25,14 +25,12 @@ from trainguard.config.load import read_run_recipe
 from trainguard.errors import BadInputError
 from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
 from trainguard.report import plots
-from trainguard.report.batch import BATCH_CODES, batch_command
+from trainguard.report.episodes import finding_rows, skips_summary
 from trainguard.util.atomic import atomic_paths
 from trainguard.util.paths import is_remote, local_path
 
 # Columns of "evals" rows that are bookkeeping, not metrics to plot.
 _EVALS_BOOKKEEPING = {"kind", "step", "eval_seconds"}
-
-_SEVERITIES = ("error", "warning", "info")
 
 
 def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
@@ -126,6 +124,7 @@ def _summary(info: dict[str, Any]) -> dict[str, Any]:
         "median tokens/s": tps[len(tps) // 2] if tps else None,
         "findings": len(info["findings"]),
         "checkpoints": len(info["checkpoints"]),
+        **skips_summary(steps),
     }
 
 
@@ -163,14 +162,6 @@ def _use_case(info: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def _batch_link(run_dir: Path, finding: dict[str, Any]) -> str:
-    """The command that shows the batch behind a guard finding (R101-R103, R206); else ""."""
-    step = finding.get("step")
-    if finding.get("code") in BATCH_CODES and isinstance(step, int) and step >= 1:
-        return batch_command(run_dir, step)
-    return ""
-
-
 def render_html(info: dict[str, Any]) -> str:
     steps, evals = info["steps"], info["evals"]
     training_plots = []
@@ -184,18 +175,7 @@ def render_html(info: dict[str, Any]) -> str:
             ("throughput", _data_uri(tps)),
             *((alt, _data_uri(png)) for alt, png in plots.health_plots(steps, marks)),
         ]
-    findings = [
-        {
-            "code": f.get("code"),
-            "severity": f.get("severity"),
-            "severity_class": f.get("severity") if f.get("severity") in _SEVERITIES else "other",
-            "step": f.get("step"),
-            "message": f.get("message"),
-            "fix": f.get("fix") or "",
-            "batch": _batch_link(info["run_dir"], f),
-        }
-        for f in info["findings"]
-    ]
+    findings = finding_rows(info)
     checkpoints = [
         {**c, "megabytes": f"{c['bytes'] / 1e6:.1f}" if isinstance(c["bytes"], int) else "?"}
         for c in info["checkpoints"]
@@ -250,14 +230,12 @@ def render_markdown(info: dict[str, Any]) -> str:
     lines += ["", "## Findings", ""]
     if not info["findings"]:
         lines.append("No findings.")
-    for f in info["findings"]:
-        at = f" (step {_md(f['step'])})" if f.get("step") is not None else ""
-        link = _batch_link(info["run_dir"], f)
-        batch = f" (batch: {_md_code(link)})" if link else ""
-        lines.append(
-            f"- **{_md(f.get('code'))}** {_md(f.get('severity'))}{at}: "
-            f"{_md(f.get('message'))}{batch}"
-        )
+    for f in finding_rows(info):
+        at = "" if f["step"] in (None, "") else f" (step {_md(f['step'])})"
+        if f["count"] > 1:
+            at = f" (steps {_md(f['step'])}, {f['count']} findings)"
+        batch = f" (batch: {_md_code(f['batch'])})" if f["batch"] else ""
+        lines.append(f"- **{_md(f['code'])}** {_md(f['severity'])}{at}: {_md(f['message'])}{batch}")
     if info["skipped"]:
         lines += ["", "## Log lines skipped", ""]
         lines += [f"- {_md(line)}" for line in info["skipped"]]

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import ExitStatus, RunHung, exit_status_for
-from trainguard.findings import Finding
+from trainguard.findings import Finding, group_episodes
+from trainguard.report.skips import RUN_AVERAGE, skipped_updates
 
 
 @dataclass
@@ -27,6 +28,8 @@ class RunResult:
     """The exit status the run ends the process with (errors.py): 0 when it finished."""
     error: dict[str, Any] | None = None
     """Why it did not finish: {"type", "message", "fix"}, plus "notes" when cleanup failed too."""
+    skipped_steps: list[int] = field(default_factory=list)
+    """The steps whose update the guard skipped (its history: across resumes and rollbacks)."""
 
     @property
     def ok(self) -> bool:
@@ -39,6 +42,9 @@ class RunResult:
             "exit_status": self.exit_status,
             "error": self.error,
             "findings": [f.to_dict() for f in self.findings],
+            # The same findings, consecutive ones of one code grouped (one line each in text).
+            "episodes": [e.to_dict() for e in group_episodes(self.findings)],
+            "skipped_updates": skipped_updates(self.skipped_steps, RUN_AVERAGE),
             "run_dir": None if self.run_dir is None else str(self.run_dir),
             "final_step": self.final_step,
             "final_val_loss": self.final_val_loss,
@@ -62,6 +68,7 @@ class RunResult:
             findings=[Finding.from_dict(f) for f in d.get("findings") or []],
             exit_status=int(d.get("exit_status") or 0),
             error=d.get("error"),
+            skipped_steps=list((d.get("skipped_updates") or {}).get("steps") or []),
         )
 
     @classmethod

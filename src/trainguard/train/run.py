@@ -273,7 +273,13 @@ class Run:
             tokens=self.ctx.tokens_seen,
             resumed_from=self.resumed_from,
             findings=[*self.ctx.findings, *self.held],
+            skipped_steps=self._skipped_steps(),
         )
+
+    def _skipped_steps(self) -> list[int]:
+        """The steps whose update the guard skipped (its history survives resumes)."""
+        history = self.loop.guard.history if self.loop is not None else []
+        return [h["step"] for h in history if h.get("action") == "skip"]
 
 
 def run_recipe(
