@@ -60,3 +60,18 @@ def test_a_ramp_that_does_not_reach_the_full_batch_is_refused(tiny_recipe: Path)
     assert "train.batch_ramp ends at 12 sequences" in res.stderr
     assert "end the ramp at 8" in res.stderr
     assert not (tiny_recipe.parent / "r").exists()
+
+
+def test_the_ramp_counts_in_the_recipe_hash_only_when_set() -> None:
+    import trainguard
+    from trainguard.config.identity import curve_recipe, recipe_hash
+    from trainguard.config.load import load_recipe, recipe_to_dict
+
+    base = recipe_to_dict(load_recipe("default"))
+    shipped = Path(trainguard.__file__).parent / "recipes" / "default.ref.json"
+    # The shipped reference curve still names the default recipe: the new key is left out.
+    assert recipe_hash(base) == json.loads(shipped.read_text())["recipe_hash"]
+    assert "train.batch_ramp" not in curve_recipe(base)
+    full = recipe_to_dict(load_recipe("default", ["train.grad_accum=2"]))
+    ramp = ["train.grad_accum=2", "train.batch_ramp=[[0, 16], [5, 32]]"]
+    assert recipe_hash(recipe_to_dict(load_recipe("default", ramp))) != recipe_hash(full)
