@@ -234,6 +234,26 @@ ROWS = [
             ("fresh-attic-symlink", "attic_symlink", ("--fresh",), {"says": ("attic", "--fresh")}),
         ]
     ],
+    # issue 23: batch-size ramps (train.batch_ramp; the tiny recipe's full batch is 2)
+    *[
+        row(
+            f"run-batch-ramp-{name}",
+            "run",
+            "{tiny}",
+            "--set",
+            f"train.batch_ramp={ramp}",
+            says=says,
+        )  # fmt: skip
+        for name, ramp, says in (
+            ("short", "[[0, 2], [5, 4]]", ("ends at 4 sequences", "end the ramp at 2")),
+            ("odd-size", "[[0, 3], [5, 2]]", ("3 sequences", "multiple of train.batch_size=2")),
+            ("late-start", "[[3, 8]]", ("batch_ramp[0] is at step 3", "start at 0")),
+            ("falling-steps", "[[0, 8], [5, 16], [5, 8]]", ("batch_ramp[2] is at step 5",)),
+            ("triple", "[[0, 8, 2]]", ("not [step, sequences]",)),
+            ("float", "[[0, 8.0]]", ("batch_ramp", "integer")),
+            ("empty", "[]", ("batch_ramp is empty",)),
+        )
+    ],
     # --- batch ------------------------------------------------------------------------------
     row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
     row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),

@@ -192,14 +192,17 @@ class LocalBackend:
         if root.exists() and not root.is_dir():
             raise StorageError(
                 f"checkpoint root {root} exists but is not a folder",
-                "point checkpoint.dir at a folder, not a file",
+                "point the checkpoints at a folder, not a file (checkpoint.dir in a `trainguard "
+                "run` recipe, the Checkpointer's path in your own loop)",
             )
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StorageError(
                 f"cannot create checkpoint folder {root}: {e.strerror or e}",
-                "point checkpoint.dir at a writable folder (every parent must be a folder)",
+                "point the checkpoints at a writable folder, every parent a folder "
+                "(checkpoint.dir in a `trainguard run` recipe, the Checkpointer's path in your "
+                "own loop)",
             ) from e
         clean_stale_temps(root)
 

@@ -15,7 +15,7 @@ from trainguard.checkpoint.layout import FlatLayout
 from trainguard.checkpoint.manifest import MANIFEST, UnsafeEntry
 from trainguard.checkpoint.results import LoadedCheckpoint
 from trainguard.checkpoint.rng import derived_seed, restore_rng, seed_all
-from trainguard.codes import get_code
+from trainguard.codes.checkpoint import C107_IN_LOOP
 from trainguard.errors import BadInputError, NoUsableCheckpoint
 from trainguard.findings import Finding
 
@@ -92,7 +92,7 @@ def refuse_if_none_usable(findings: list[Finding], root: str) -> None:
     if none:
         raise NoUsableCheckpoint(
             f"C107: {none[0].message}; nothing in {root} was changed",
-            get_code("C107").fix + " Or point the Checkpointer at a new folder to start over.",
+            C107_IN_LOOP.format(folder=root),
             findings=findings,
         )
 

@@ -37,6 +37,21 @@ _DCP = (
 )
 
 
+# What to do about C107 on each side: raised by `trainguard run` (train/resume.py) and by a
+# Checkpointer in the user's own loop (checkpoint/resume.py); the entry's fix holds both.
+C107_IN_RUN = (
+    "`trainguard run` stops (exit 1) and changes nothing. Restore a good copy of a checkpoint "
+    "from backup and run again, or start over on purpose with `trainguard run --fresh`, which "
+    "moves the run dir's contents to RUN_DIR/attic/<timestamp>/ (nothing is deleted)."
+)
+C107_IN_LOOP = (
+    "`Checkpointer.load_latest` raises NoUsableCheckpoint (exit 1 under trainguard's CLI) and "
+    "changes nothing in {folder}. Restore a good copy of a step from backup into {folder} and "
+    "load again, or start over on purpose by giving a Checkpointer a new folder; keep "
+    "{folder} as evidence (nothing is deleted for you)."
+)
+
+
 # --- C101-C119 verified checkpoints, C201-C299 object storage -------------------------------------
 register(
     Code(
@@ -110,8 +125,10 @@ register(
         "limit, permission denied, a root that is not a directory.",
         why="A run that keeps training without durable checkpoints loses everything since the "
         "last good one at the next crash.",
-        fix="Free disk space, raise the quota or file size limit, or point checkpoint.dir at a "
-        "writable place. The previous checkpoint is untouched and the partial one removed.",
+        fix="Free disk space, raise the quota or file size limit, or point the checkpoints at a "
+        "writable place (`checkpoint.dir` in a `trainguard run` recipe, the Checkpointer's "
+        "path in your own loop). The previous checkpoint is untouched and the partial one "
+        "removed.",
         references=_POSIX,
     ),
     Code(
@@ -125,10 +142,8 @@ register(
         why="Auto-resume would silently start from scratch and overwrite the run's history: "
         "metrics.jsonl truncated, the damaged folders (the evidence) pruned, the whole run "
         "trained again.",
-        fix="`trainguard run` stops (exit 1) and changes nothing. Restore a good copy of a "
-        "checkpoint from backup and run again, or start over on purpose with `trainguard run "
-        "--fresh`, which moves the run dir's contents to RUN_DIR/attic/<timestamp>/ (nothing "
-        "is deleted).",
+        fix=f"{C107_IN_RUN} In your own loop: "
+        + C107_IN_LOOP.format(folder="the Checkpointer's folder"),
         references=_CHECKSUMS,
     ),
     Code(
@@ -236,8 +251,9 @@ register(
         why="Without a durable remote copy a lost node loses the run; a half-uploaded step must "
         "never be mistaken for a checkpoint.",
         fix="Check credentials, bucket and endpoint; raise retry attempts or lower the upload "
-        "rate if the store answers SlowDown/503. The manifest was not uploaded, so the partial "
-        "step is never loaded.",
+        "rate if the store answers SlowDown/503 (in your own loop: "
+        "`Checkpointer(retry=RetryPolicy(attempts=...), rate_limit_mb_s=...)`). The manifest "
+        "was not uploaded, so the partial step is never loaded.",
         references=_BACKOFF,
     ),
     Code(
@@ -260,7 +276,9 @@ register(
         "503 SlowDown) to succeed.",
         why="Retries are the early sign of an overloaded store: many ranks writing at once is "
         "how shared storage gets throttled into failing whole runs.",
-        fix="Stagger ranks further (retry.stagger_s), rate-limit uploads, or save less often.",
+        fix="Stagger ranks further and rate-limit uploads (in your own loop: "
+        "`Checkpointer(retry=RetryPolicy(stagger_s=...), rate_limit_mb_s=...)`), or save less "
+        "often (`checkpoint.interval` in a `trainguard run` recipe).",
         false_positives="Isolated retries on a busy but healthy network.",
         references=_BACKOFF,
     ),

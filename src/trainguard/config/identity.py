@@ -59,6 +59,12 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
 )
 
 
+# Keys added after recipes were recorded, with the default that computes what the recipe did
+# before they existed: left out of the curve at that default, so that a recipe (and its
+# reference curve) keeps its hash; any other value counts.
+ADDED_LATER: dict[str, object] = {"train.batch_ramp": None}
+
+
 def is_operational(key: str) -> bool:
     """True when the dotted recipe key `key` never changes a clean run's loss curve."""
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in OPERATIONAL_KEYS)
@@ -79,7 +85,11 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def curve_recipe(recipe: dict[str, Any]) -> dict[str, Any]:
     """The resolved recipe (`recipe_to_dict`) as flat `{dotted key: value}`, operational keys
     left out: what a reference curve depends on."""
-    return {k: v for k, v in sorted(flatten(recipe).items()) if not is_operational(k)}
+    return {
+        k: v
+        for k, v in sorted(flatten(recipe).items())
+        if not is_operational(k) and not (k in ADDED_LATER and v == ADDED_LATER[k])
+    }
 
 
 def recipe_hash(recipe: dict[str, Any]) -> str:

@@ -131,6 +131,16 @@ class TrainConfig(_Section):
     """Sequences per micro-batch, summed over all processes (the global micro-batch)."""
     grad_accum: int = Field(1, ge=1)
     """Micro-batches per optimizer step. Global batch = batch_size * grad_accum sequences."""
+    batch_ramp: list[list[int]] | None = None
+    """A global batch-size ramp (GPT-3 style): `[[step, sequences], ...]`, the first at step 0,
+    steps rising, counted as completed steps (a change at 100 applies from logged step 101).
+    Each size is a multiple of `batch_size` (that step accumulates size / batch_size
+    micro-batches) and the last is the full batch, batch_size * grad_accum, which holds to
+    the end. The steps cut the same data order into other lengths: every sequence is still
+    read once per epoch, and a resume on another process count reads the same batches.
+    The learning-rate schedule is per optimizer step and unchanged by the ramp (warm-up and
+    decay count steps, not sequences); lower `lr` or lengthen `warmup_steps` if the small
+    early batches need it. None (the default): every step reads the full batch."""
     optimizer: Literal["adamw", "muon"] = "adamw"
     """adamw: AdamW on every parameter. muon: Muon (train/optim.py) on the hidden 2-D weight
     matrices and AdamW on embeddings, the tied head, norm gains and biases."""
@@ -166,6 +176,36 @@ class TrainConfig(_Section):
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads; default: torch's choice. Fix it for bitwise reproducibility
     across machines with different core counts."""
+
+    @model_validator(mode="after")
+    def _ramp_reaches_the_full_batch(self) -> TrainConfig:
+        ramp = self.batch_ramp
+        if ramp is None:
+            return self
+        full = self.batch_size * self.grad_accum
+        form = "write train.batch_ramp as [[0, size], [step, size], ...]"
+        if not ramp:
+            raise ValueError(f"train.batch_ramp is empty: {form}, or leave it out")
+        for i, pair in enumerate(ramp):
+            if len(pair) != 2:
+                raise ValueError(f"train.batch_ramp[{i}] is {pair}, not [step, sequences]: {form}")
+            step, size = pair
+            if (i == 0) != (step == 0) or (i and step <= ramp[i - 1][0]):
+                raise ValueError(
+                    f"train.batch_ramp[{i}] is at step {step}: the steps must start at 0 and "
+                    f"rise ({form})"
+                )
+            if size < 1 or size % self.batch_size:
+                raise ValueError(
+                    f"train.batch_ramp[{i}] has {size} sequences, not a positive multiple of "
+                    f"train.batch_size={self.batch_size} (the micro-batch a step accumulates)"
+                )
+        if ramp[-1][1] != full:
+            raise ValueError(
+                f"train.batch_ramp ends at {ramp[-1][1]} sequences, not the full batch "
+                f"train.batch_size * train.grad_accum = {full}: end the ramp at {full}"
+            )
+        return self
 
 
 class CheckpointConfig(_Section):

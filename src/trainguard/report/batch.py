@@ -113,7 +113,11 @@ def _inferred_position(rows: list[dict[str, Any]], recipe: Recipe, n: int, step:
     """A log without positions: the sampler's step N-1 with the skips the rollbacks logged."""
     t = recipe.train
     sampler = ElasticSampler(
-        n, global_batch_size=t.batch_size * t.grad_accum, seed=t.seed, rank=0, world_size=1
+        n,
+        global_batch_size=t.batch_ramp or t.batch_size * t.grad_accum,
+        seed=t.seed,
+        rank=0,
+        world_size=1,
     )
     skips = [
         rng
@@ -221,10 +225,16 @@ def decode_batch(run_dir: str | Path, step: int, skipped: list[str] | None = Non
     if position is None:
         position = _inferred_position(rows, recipe, n, step)
         chosen["position"] = position
-    global_batch = recipe.train.batch_size * recipe.train.grad_accum
-    ids = ElasticSampler(
-        n, global_batch_size=global_batch, seed=recipe.train.seed, rank=0, world_size=1
-    ).order.sample_ids(position, global_batch)
+    t = recipe.train
+    sampler = ElasticSampler(
+        n,
+        global_batch_size=t.batch_ramp or t.batch_size * t.grad_accum,
+        seed=t.seed,
+        rank=0,
+        world_size=1,
+    )
+    # The step's size: a ramp (train.batch_ramp) reads fewer sequences in its early steps.
+    ids = sampler.order.sample_ids(position, sampler.global_batch_size_at(step - 1))
     if chosen.get("batch_hash") and chosen["batch_hash"] != batch_hash(ids):
         findings.append(
             Finding.of(

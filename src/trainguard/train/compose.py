@@ -59,10 +59,11 @@ def compose(
     the hang watchdog); `reference`: the curve the run is compared with, if any; `extra`: more
     callbacks beside the run's own."""
     r, t, world = ctx.recipe, ctx.recipe.train, dist.world
-    global_batch = t.batch_size * t.grad_accum  # sequences per optimizer step
+    global_batch = t.batch_size * t.grad_accum  # sequences per optimizer step (the full batch)
     sampler = ElasticSampler(
         data.train.num_samples(r.data.seq_len),
-        global_batch_size=global_batch,
+        # A ramp (train.batch_ramp) reaches the full batch; the micro-batch stays the same.
+        global_batch_size=t.batch_ramp or global_batch,
         seed=t.seed,
         rank=world.rank,
         world_size=world.size,
@@ -91,6 +92,7 @@ def compose(
         # DDP (several processes) broadcasts rank 0's initial weights; None for one process.
         ddp_model=dist.wrap(ctx.model, t.precision),
         on_phase=lambda phase, step: ctx.set_phase(phase),
+        sampler=sampler,
     )
     resume = ResumeCallback(env)
     validation = ValidationCallback(trainer, _offtrack(r))

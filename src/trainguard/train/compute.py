@@ -6,8 +6,9 @@ gradient norm, which every guard needs, once per step (none when the guard decid
 device, `guards.decide_on`).
 
 Each rank reads the sampler's layout of a global batch (`data/sampler.py`): its contiguous
-slice (`rank_slice`), split into `grad_accum` consecutive micro-batches. The global batch, and
-so its hash, does not depend on the rank count.
+slice (`rank_slice`), split into micro-batches of `batch_size / ranks` sequences: `grad_accum` of
+them, or under a batch-size ramp (`train.batch_ramp`) as many as the step's size holds. The
+global batch, and so its hash, does not depend on the rank count.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from trainguard.config.schema import Recipe
-from trainguard.data.order import ElasticOrder, batch_hash, rank_slice
+from trainguard.data.order import batch_hash, rank_slice
+from trainguard.data.sampler import ElasticSampler
 from trainguard.faults import FaultPlan
 from trainguard.guards.device import PendingStep
 from trainguard.train.distributed import World
@@ -74,6 +76,7 @@ class Trainer:
         ddp_model: torch.nn.Module | None = None,
         on_phase: Callable[[str, int], None] | None = None,
         schedule: LrSchedule | None = None,
+        sampler: ElasticSampler | None = None,
     ) -> None:
         self.recipe = recipe
         self.model = model
@@ -88,8 +91,19 @@ class Trainer:
         self.on_phase = on_phase or (lambda phase, step: None)
         t = recipe.train
         self.seq_len = recipe.data.seq_len
-        self.global_batch = t.batch_size * t.grad_accum  # sequences per optimizer step
-        self.order = ElasticOrder(train_data.num_samples(self.seq_len), t.seed)
+        self.global_batch = t.batch_size * t.grad_accum  # sequences per full optimizer step
+        # The run's sampler: each step's global batch (its size under a ramp, its skips).
+        self.sampler = (
+            sampler
+            if sampler is not None  # `or` would ask an endless sampler for its len()
+            else ElasticSampler(
+                train_data.num_samples(self.seq_len),
+                global_batch_size=t.batch_ramp or self.global_batch,
+                seed=t.seed,
+                rank=self.world.rank,
+                world_size=self.world.size,
+            )
+        )
         self.params = [p for p in model.parameters() if p.requires_grad]
         # The recipe's cosine unless a resume extended it (train/schedule.py).
         self.schedule = schedule or LrSchedule.planned(t.warmup_steps, t.min_lr_ratio, t.max_steps)
@@ -123,16 +137,19 @@ class Trainer:
             router.reset_router_stats()  # count this step's forwards only (not evals, reruns)
         data_t0 = time.perf_counter()
         self._phase("data", step)
-        ids = self.order.sample_ids(position, self.global_batch)  # (G,) global, rank-independent
+        # (G,) global, rank-independent: the sampler's batch of this step, which starts at
+        # `position` (the loop reads it from the same sampler).
+        ids = self.sampler.batch_ids(step - 1)
+        accum = len(ids) // t.batch_size  # grad_accum, or fewer while a ramp is below it
         mine = rank_slice(ids, self.world.rank, self.world.size)  # (G/W,) this rank's slice
         data_time = time.perf_counter() - data_t0
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
-        for k, micro_ids in enumerate(np.split(mine, t.grad_accum)):  # (G/W/A,) each
+        for k, micro_ids in enumerate(np.split(mine, accum)):  # (G/W/A,) each
             data_t0 = time.perf_counter()
             x, y = self._micro_batch(self.train_data, micro_ids)
             data_time += time.perf_counter() - data_t0
-            last = k == t.grad_accum - 1
+            last = k == accum - 1
             # DDP all-reduces gradients only on the last micro-batch of the step.
             sync = (
                 contextlib.nullcontext() if last or self.net is self.model else self.net.no_sync()
@@ -145,13 +162,13 @@ class Trainer:
                     loss = self.faults.corrupt_loss(step, position, loss)
                     aux = self.model.aux_loss() if hasattr(self.model, "aux_loss") else 0.0
                 self._phase("backward", step)
-                ((loss + aux) / t.grad_accum).backward()
+                ((loss + aux) / accum).backward()
             loss_sum += loss.detach()
         self._phase("optimizer", step)
         # Norm before clipping: the guard judges the raw gradient. max_norm=inf only measures.
         clip = t.grad_clip if t.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
-        mean_loss = self.world.all_reduce_mean(loss_sum / t.grad_accum)
+        mean_loss = self.world.all_reduce_mean(loss_sum / accum)
         counts = self._router_counts()
         if not on_host:  # the device path: the MoE counters are read with the step's values
             snapshot = counts.clone() if counts is not None else None  # the next step resets

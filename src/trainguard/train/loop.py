@@ -36,6 +36,6 @@ class Loop:
     """The checkpoint being written in the background (`checkpoint.async_save`): its step and
     the Checkpointer's handle."""
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.trainer.global_batch * self.ctx.recipe.data.seq_len
+    def step_tokens(self, step: int) -> int:
+        """Tokens the 1-based step `step` reads (its global batch, which a ramp sizes)."""
+        return self.sampler.global_batch_size_at(step - 1) * self.ctx.recipe.data.seq_len

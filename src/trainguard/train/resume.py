@@ -28,7 +28,7 @@ from trainguard.checkpoint.folder import RefusedFile, open_listed
 from trainguard.checkpoint.layout import Layout
 from trainguard.checkpoint.local import ATTIC, free_path
 from trainguard.checkpoint.store import CheckpointStore
-from trainguard.codes import get_code
+from trainguard.codes.checkpoint import C107_IN_RUN
 from trainguard.config.schema import Recipe
 from trainguard.data.shards import compare_identity
 from trainguard.errors import NoUsableCheckpoint, RunHalted, StorageError, TrainguardError
@@ -92,7 +92,7 @@ def load_or_refuse(checkpointer: Checkpointer, state: dict[str, Any]) -> int | N
         raise NoUsableCheckpoint(
             f"C107: {why}; nothing was changed (metrics.jsonl and the checkpoint folders are as "
             "they were)",
-            get_code("C107").fix,
+            C107_IN_RUN,
             findings=e.findings,
         ) from None
 

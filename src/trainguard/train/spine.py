@@ -52,6 +52,7 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
 
     # -- data: where this step's global batch starts (bad batches of rollbacks skipped) -------
     position = loop.sampler.position(step - 1)
+    tokens = loop.step_tokens(step)
     t0 = time.perf_counter()
 
     # -- forward/backward over grad_accum micro-batches, gradients all-reduced (DDP) ------------
@@ -67,7 +68,7 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
 
     # -- the guard judges the update before any weight changes; apply or discard it -------------
     if on_device is None:
-        tokens_per_s = loop.tokens_per_step / compute_s
+        tokens_per_s = tokens / compute_s
         decision = guard.step(
             step,
             loss=out.loss,
@@ -91,7 +92,7 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
             lr = 0.0
         action: str | None = decision.action
     else:  # masked on the device; the previous step's decision is settled (read back) here
-        tokens_per_s = on_device.tokens_per_s(loop.tokens_per_step, t0)
+        tokens_per_s = on_device.tokens_per_s(tokens, t0)
         pending = on_device.judge(step, out, tokens_per_s)
         if pending is None:
             return  # the previous step rolled back
@@ -113,7 +114,7 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
         return
 
     # -- the step is done: advance, log it, tell the callbacks (evaluations among them) --------
-    ctx.progress.advance(loop.tokens_per_step)
+    ctx.progress.advance(tokens)
     dt = time.perf_counter() - t0
     row = {
         "kind": "step",
@@ -121,7 +122,7 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
         "loss": out.loss,
         "grad_norm": out.grad_norm,
         "lr": lr,
-        "tokens_per_s": loop.tokens_per_step / dt if on_device is None else tokens_per_s,
+        "tokens_per_s": tokens / dt if on_device is None else tokens_per_s,
         "batch_hash": out.batch_hash,
         "position": out.position,  # the batch of this row: `trainguard batch --step`
         "step_time_s": dt,
