@@ -231,7 +231,12 @@ ROWS = [
                 (),
                 {"says": ("{tiny_run}/checkpoints/quarantine", "symbolic link")},
             ),
-            ("fresh-attic-symlink", "attic_symlink", ("--fresh",), {"says": ("attic", "--fresh")}),
+            (
+                "fresh-attic-symlink",
+                "attic_symlink",
+                ("--fresh",),
+                {"says": ("attic", "symbolic link")},
+            ),
         ]
     ],
     # issue 23: batch-size ramps (train.batch_ramp; the tiny recipe's full batch is 2)
