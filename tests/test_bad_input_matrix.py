@@ -1726,3 +1726,47 @@ def test_scale_run_csv_on_a_full_disk_keeps_the_csv_whole(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.csv", "scale", "tiny.yaml"]
     sizes = [p.stat().st_size for p in (out / "d_model=16").rglob("*") if p.is_file()]
     assert (out / "d_model=16" / "metrics.jsonl").is_file() and max(sizes) < len(before)
+
+
+# --- the matrix in docs/trust.md ------------------------------------------------------------------
+TRUST_DOC = Path(__file__).resolve().parents[1] / "docs" / "trust.md"
+_BEGIN, _END = "<!-- matrix-summary:begin -->", "<!-- matrix-summary:end -->"
+
+
+def matrix_summary() -> str:
+    """The table docs/trust.md shows: rows per command, and how many exit 1 or arrange a fault."""
+    by_command: dict[str, list[Row]] = {}
+    for r in ROWS:
+        words = [a for a in r.args[:2] if not a.startswith("{") and not a.startswith("-")]
+        if words[0] not in ("data", "eval", "scale", "reference") or len(words) < 2:
+            words = words[:1]
+        if words == ["eval"] or (words[0] == "eval" and words[1] != "lint"):
+            words = ["eval", "run"]
+        by_command.setdefault(" ".join(words), []).append(r)
+    lines = [
+        f"{len(ROWS)} rows over {len(by_command)} commands "
+        f"(regenerate: `python tests/test_bad_input_matrix.py`).",
+        "",
+        "| command | rows | exit 1 (a finding or a write that failed) | with a fault arranged |",
+        "|---|---|---|---|",
+    ]
+    for name in sorted(by_command):
+        rows = by_command[name]
+        ones = sum(r.exit == 1 for r in rows)
+        faults = sum(r.fault is not None for r in rows)
+        lines.append(f"| `{name}` | {len(rows)} | {ones} | {faults} |")
+    return "\n".join(lines)
+
+
+def test_trust_doc_states_the_matrix_as_it_is() -> None:
+    text = TRUST_DOC.read_text(encoding="utf-8")
+    inside = text.split(_BEGIN, 1)[1].split(_END, 1)[0].strip()
+    assert inside == matrix_summary(), "run `python tests/test_bad_input_matrix.py`"
+
+
+if __name__ == "__main__":
+    text = TRUST_DOC.read_text(encoding="utf-8")
+    head, rest = text.split(_BEGIN, 1)
+    TRUST_DOC.write_text(
+        f"{head}{_BEGIN}\n{matrix_summary()}\n{_END}{rest.split(_END, 1)[1]}", encoding="utf-8"
+    )
