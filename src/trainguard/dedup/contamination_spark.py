@@ -17,8 +17,14 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from trainguard.data.corpus import CorpusStats, iter_part, no_documents, source_bytes, split_of
-from trainguard.data.corpus import source_parts
+from trainguard.data.corpus import (
+    CorpusStats,
+    iter_part,
+    no_documents,
+    source_bytes,
+    source_parts,
+    split_of,
+)
 from trainguard.data.parts import part_bytes
 from trainguard.dedup.contamination import (
     CONTAINMENT,
@@ -61,10 +67,11 @@ def find_contamination_spark(
 ) -> ContaminationReport:
     """Which examples of `tasks` occur in the training documents of `source`, with Spark."""
     t0 = time.perf_counter()
+    total_bytes = source_bytes(source)  # a missing or unreadable source fails before Spark
     index: EvalIndex = eval_index(tasks, ngram, containment, edit_containment)
     spark = spark or get_spark(master)
     sc = spark.sparkContext
-    parts = source_parts(source, part_bytes(source_bytes(source), sc.defaultParallelism))
+    parts = source_parts(source, part_bytes(total_bytes, sc.defaultParallelism))
     shared = sc.broadcast(index)
     try:
         with executor_errors():  # an executor's DataError (a bad record), wrapped by Py4J
