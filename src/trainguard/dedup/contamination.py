@@ -1,6 +1,6 @@
 """Train/eval contamination: eval examples whose text is in the training data (D250).
 
-Two rules over the normalised text (dedup's `normalise`: NFC, case folding, whitespace runs):
+Three rules over the normalised text (dedup's `normalise`: NFC, case folding, whitespace runs):
 1. **n-gram** (GPT-3, Brown et al. 2020, appendix C): an example is contaminated when any of its
    13-grams of words occurs in a training document. `overlap` is the share of its 13-grams found
    anywhere in training. An example shorter than 13 words is one shingle (dedup's rule), so it
@@ -12,10 +12,27 @@ Two rules over the normalised text (dedup's `normalise`: NFC, case folding, whit
    the share of those draws present in D estimates E's containment in D (Broder 1997; Koslicki
    and Zabeti 2019). An example is contaminated when that share reaches `containment` in one
    training document.
+3. **edit**: the same containment, counted exactly over all of E's 5-grams, reaching
+   `edit_containment` (0.35) in one training document: a lightly edited copy. A word changed
+   every ten words breaks the 5 n-grams holding it, so about (1 - 1/10)^5 = 0.59 of E's 5-grams
+   survive random edits and 5/10 = 0.5 evenly spaced ones; a word inserted every twelve words
+   breaks the 4 n-grams spanning each gap: 8/12 = 0.67 survive. Both stay far below the MinHash
+   rule's 0.8 and break every 13-gram, so the other rules miss them. Text that shares only
+   common phrases with E stays low: on the planted sets of `benchmarks/bench_contamination.py`
+   (40-100-word examples framed by two 8-word template phrases) unrelated documents reach at
+   most 0.14 and documents holding E's two phrases and a 10-word quote of it at most 0.27, while
+   the edited copies start at 0.50; 0.35 sits between, nearer the negatives (an example with
+   fewer edits only scores higher). The limit: an example most of whose words are a template
+   that training documents hold (a short question inside fixed instructions) can pass 0.35 by
+   the template alone. Word 5-grams rather than 8-grams: (0.9)^8 = 0.43 (0.2 evenly spaced) of
+   8-grams survive a word in ten changed, too close to shared phrases.
+The first rule that matches names the match (`ngram`, then `minhash`, then `edit`), so examples
+the first two rules found are reported as before.
 
 The eval side is small and indexed in memory (sorted hash arrays); the training documents are
-streamed once, each shingled and looked up with a binary search: memory does not grow with the
-corpus. Pure: returns a report; findings come from `ContaminationReport.findings`.
+streamed once in batches (`contamination_scan.py`): memory does not grow with the corpus, and
+the Spark engine (`contamination_spark.py`) scans parts with the same code. Pure: returns a
+report; findings come from `ContaminationReport.findings`.
 """
 
 from __future__ import annotations
