@@ -266,11 +266,13 @@ class EvalIndex:
         held = 0
         for doc in documents:
             out.documents += 1
-            norm = normalise(doc.text)
-            if not norm:
+            text = doc.text
+            # normalise(text).split(" ") without the join and second split (same words)
+            ws = text.lower().split() if text.isascii() else normalise(text).split()
+            if not ws:
                 continue
             ids.append(doc.id)
-            hashes.append(words(norm.split(" ")))
+            hashes.append(words(ws))
             held += len(hashes[-1])
             if held >= _BATCH_WORDS:
                 self._scan_batch(ids, hashes, out)
