@@ -20,7 +20,7 @@ Three rules over the normalised text (dedup's `normalise`: NFC, case folding, wh
    rule's 0.8 and break every 13-gram, so the other rules miss them. Text that shares only
    common phrases with E stays low: on the planted sets of `benchmarks/bench_contamination.py`
    (40-100-word examples framed by two 8-word template phrases) unrelated documents reach at
-   most 0.14 and documents holding E's two phrases and a 10-word quote of it at most 0.27, while
+   most 0.15 and documents holding E's two phrases and a 10-word quote of it at most 0.27, while
    the edited copies start at 0.50; 0.35 sits between, nearer the negatives (an example with
    fewer edits only scores higher). The limit: an example most of whose words are a template
    that training documents hold (a short question inside fixed instructions) can pass 0.35 by

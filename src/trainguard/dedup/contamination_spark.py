@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from trainguard.data.corpus import (
     CorpusStats,
     iter_part,
@@ -41,8 +43,8 @@ from trainguard.util.spark import executor_errors, get_spark
 
 def _scan_parts(
     parts: Iterator[Any], index: Any, text_field: str, val_fraction: float
-) -> Iterator[tuple[int, Scan, int]]:
-    """Executor: (part index, its scan, its usable documents before the split) per part."""
+) -> Iterator[tuple[int, tuple, int]]:
+    """Executor: (part index, its packed scan, its usable documents before the split)."""
     for part in parts:
         stats = CorpusStats()
         docs = (
@@ -50,8 +52,32 @@ def _scan_parts(
             for d in iter_part(part, text_field, stats)
             if val_fraction <= 0 or split_of(d.id, val_fraction) == "train"
         )
-        scan = index.value.scan(docs)
-        yield part.index, scan, stats.docs
+        yield part.index, _pack(index.value.scan(docs)), stats.docs
+
+
+def _pack(scan: Scan) -> tuple:
+    """A part's scan as the driver collects it: one bit per eval n-gram and only the examples
+    with a containment (a part of a large corpus touches few), not arrays as long as the eval."""
+    seen = np.flatnonzero(scan.edit_best)
+    return (
+        scan.documents,
+        np.packbits(scan.found),
+        scan.ngram_docs,
+        scan.minhash_docs,
+        scan.edit_docs,
+        seen,
+        scan.edit_best[seen],
+    )
+
+
+def _unpack(packed: tuple, index: EvalIndex) -> Scan:
+    documents, found, ngram_docs, minhash_docs, edit_docs, seen, best = packed
+    scan = index.empty_scan()
+    scan.documents = documents
+    scan.found = np.unpackbits(found, count=len(scan.found)).astype(bool)
+    scan.ngram_docs, scan.minhash_docs, scan.edit_docs = ngram_docs, minhash_docs, edit_docs
+    scan.edit_best[seen] = best
+    return scan
 
 
 def find_contamination_spark(
@@ -85,6 +111,6 @@ def find_contamination_spark(
     if sum(n for _, _, n in results) == 0:
         raise no_documents(source, CorpusStats())
     total = index.empty_scan()
-    for _, scan, _ in sorted(results, key=lambda r: r[0]):
-        total.merge(scan)
+    for _, packed, _ in sorted(results, key=lambda r: r[0]):
+        total.merge(_unpack(packed, index))
     return contamination_report(tasks, index, total, time.perf_counter() - t0)
