@@ -125,3 +125,12 @@ def test_spark_engine_gives_the_local_report(tmp_path, spark):
     holders = [i for i in holders if i.startswith("copy") or i == "t4"]
     assert rows[0]["train_ids"] == holders[:20]  # the first 20 of 26, in training order
     assert (rows[1]["match"], rows[2]["match"]) == ("edit", "edit")
+    # Held-out documents are left out by the executors as the local engine leaves them out.
+    held = {}
+    for engine in ("local", "spark"):
+        args = [str(train), "--evals", str(spec), "--val-fraction", "0.3", "--json"]
+        res = runner.invoke(app, ["data", "contamination", *args, "--engine", engine])
+        assert res.exit_code in (0, 1), res.output
+        held[engine] = json.loads(res.stdout)
+    assert held["spark"] == held["local"]
+    assert held["local"]["tasks"][0]["contaminated"][0]["train_ids"] != holders[:20]
