@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "bench_scaling": ["--runs", "12", "--boot", "20", "--repeats", "1"],
     "bench_evals": ["--examples", "20", "--repeats", "1"],
     "bench_dedup": ["--docs", "500", "--repeats", "1"],
+    "bench_contamination": ["--examples", "10", "--background", "300", "--repeats", "1"],
     "bench_train_throughput": ["--steps", "10", "--rounds", "1"],
     "bench_run_rebuild": ["--steps", "20", "--rounds", "1"],
     "bench_run_checkpoint_stall": ["--steps", "8", "--interval", "4", "--rounds", "1"],

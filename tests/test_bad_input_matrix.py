@@ -767,6 +767,36 @@ ROWS = [
             ("builtin-needs-held-out", "{corpus}", "python_next_line", (), {"says": ("held-out",)}),
         ]
     ],  # fmt: skip
+    # issue 26: contamination at scale (engine choice, the edited-copy threshold)
+    row(
+        "data-contamination-engine-unknown",
+        *("data", "contamination", "{good}", "--evals", "{spec_regex}", "--engine", "hadoop"),
+        says=("--engine",),
+    ),
+    row(
+        "data-contamination-edit-containment-zero",
+        *("data", "contamination", "{good}", "--evals", "{spec_regex}"),
+        *("--edit-containment", "0"),
+        says=("--edit-containment", "0.35"),
+    ),
+    row(
+        "data-contamination-edit-containment-above-1",
+        *("data", "contamination", "{good}", "--evals", "{spec_regex}"),
+        *("--edit-containment", "1.5"),
+        says=("--edit-containment",),
+    ),
+    row(
+        "data-contamination-spark-train-missing",
+        *("data", "contamination", "{inputs}/missing.jsonl", "--evals", "{spec_regex}"),
+        *("--engine", "spark"),
+        says=NOT_EXIST,
+    ),
+    row(
+        "data-contamination-spark-train-is-url",
+        *("data", "contamination", "s3://bucket/in.jsonl", "--evals", "{spec_regex}"),
+        *("--engine", "spark"),
+        says=("URL",),
+    ),
     # issue 26: readers (an eval spec's data stays in the spec's folder)
     row(
         "data-contamination-spec-data-outside-its-folder",

@@ -186,6 +186,7 @@ def test_cli_json_shape_exit_status_and_bad_input(tmp_path):
         "train_ids": ["bg-3"],
         "match": "ngram",
         "overlap": 1.0,
+        "containment": 1.0,
     }
     clean = write_jsonl(tmp_path / "clean.jsonl", training_records()[:3])
     res = runner.invoke(app, ["data", "contamination", str(clean), "--evals", spec, "--json"])

@@ -8,6 +8,7 @@ import typer
 
 from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit
+from trainguard.cli.data_dedup import Engine
 from trainguard.errors import BadInputError
 
 
@@ -60,9 +61,24 @@ def register(app: typer.Typer) -> None:
             float,
             typer.Option(help="MinHash containment in one training document that counts."),
         ] = 0.8,
+        edit_containment: Annotated[
+            float,
+            typer.Option(
+                help="Exact share of an example's word 5-grams in one training document that "
+                "counts as an edited copy (0.35: a word in ten changed keeps about half)."
+            ),
+        ] = 0.35,
+        engine: Annotated[
+            Engine, typer.Option(help="Where to scan TRAIN; spark gives the same report.")
+        ] = Engine.local,
+        spark_master: Annotated[
+            str | None,
+            typer.Option(help="Spark master URL. Default: $SPARK_MASTER, else local[*]."),
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
-        """Eval examples whose 13-grams, or MinHash near-copies, are in the training data."""
+        """Eval examples whose 13-grams, MinHash near-copies or edited copies are in the
+        training data."""
         from trainguard.evals.contamination import check_contamination
 
         if not 0.0 <= val_fraction < 0.5:
@@ -76,6 +92,11 @@ def register(app: typer.Typer) -> None:
             raise BadInputError(
                 f"--containment {containment} is outside (0, 1]", "use 0.8, the default"
             )
+        if not 0.0 < edit_containment <= 1.0:
+            raise BadInputError(
+                f"--edit-containment {edit_containment} is outside (0, 1]",
+                "use 0.35, the default",
+            )
         if max_examples is not None and max_examples < 1:
             raise BadInputError(f"--max-examples {max_examples} must be at least 1", "or omit it")
         report = check_contamination(
@@ -86,6 +107,9 @@ def register(app: typer.Typer) -> None:
             max_examples=max_examples,
             ngram=ngram,
             containment=containment,
+            edit_containment=edit_containment,
+            engine=engine.value,
+            master=spark_master,
         )
         if not as_json:
             for t in report.tasks:

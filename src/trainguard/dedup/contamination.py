@@ -1,6 +1,6 @@
 """Train/eval contamination: eval examples whose text is in the training data (D250).
 
-Two rules over the normalised text (dedup's `normalise`: NFC, case folding, whitespace runs):
+Three rules over the normalised text (dedup's `normalise`: NFC, case folding, whitespace runs):
 1. **n-gram** (GPT-3, Brown et al. 2020, appendix C): an example is contaminated when any of its
    13-grams of words occurs in a training document. `overlap` is the share of its 13-grams found
    anywhere in training. An example shorter than 13 words is one shingle (dedup's rule), so it
@@ -12,10 +12,27 @@ Two rules over the normalised text (dedup's `normalise`: NFC, case folding, whit
    the share of those draws present in D estimates E's containment in D (Broder 1997; Koslicki
    and Zabeti 2019). An example is contaminated when that share reaches `containment` in one
    training document.
+3. **edit**: the same containment, counted exactly over all of E's 5-grams, reaching
+   `edit_containment` (0.35) in one training document: a lightly edited copy. A word changed
+   every ten words breaks the 5 n-grams holding it, so about (1 - 1/10)^5 = 0.59 of E's 5-grams
+   survive random edits and 5/10 = 0.5 evenly spaced ones; a word inserted every twelve words
+   breaks the 4 n-grams spanning each gap: 8/12 = 0.67 survive. Both stay far below the MinHash
+   rule's 0.8 and break every 13-gram, so the other rules miss them. Text that shares only
+   common phrases with E stays low: on the planted sets of `benchmarks/bench_contamination.py`
+   (40-100-word examples framed by two 8-word template phrases) unrelated documents reach at
+   most 0.15 and documents holding E's two phrases and a 10-word quote of it at most 0.27, while
+   the edited copies start at 0.50; 0.35 sits between, nearer the negatives (an example with
+   fewer edits only scores higher). The limit: an example most of whose words are a template
+   that training documents hold (a short question inside fixed instructions) can pass 0.35 by
+   the template alone. Word 5-grams rather than 8-grams: (0.9)^8 = 0.43 (0.2 evenly spaced) of
+   8-grams survive a word in ten changed, too close to shared phrases.
+The first rule that matches names the match (`ngram`, then `minhash`, then `edit`), so examples
+the first two rules found are reported as before.
 
 The eval side is small and indexed in memory (sorted hash arrays); the training documents are
-streamed once, each shingled and looked up with a binary search: memory does not grow with the
-corpus. Pure: returns a report; findings come from `ContaminationReport.findings`.
+streamed once in batches (`contamination_scan.py`): memory does not grow with the corpus, and
+the Spark engine (`contamination_spark.py`) scans parts with the same code. Pure: returns a
+report; findings come from `ContaminationReport.findings`.
 """
 
 from __future__ import annotations
@@ -25,20 +42,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from trainguard.data.corpus import Document
+from trainguard.dedup.contamination_scan import EvalIndex, Scan
 from trainguard.dedup.lsh import DedupParams
-from trainguard.dedup.minhash import MinHasher, shingle_set
-from trainguard.dedup.normalise import normalise
+from trainguard.dedup.minhash import MinHasher
 from trainguard.findings import Finding
 
 NGRAM = 13
 """Words per n-gram of the GPT-3 rule."""
 CONTAINMENT = 0.8
 """Estimated containment in one training document at or above which an example is a near-copy."""
-MAX_TRAIN_IDS = 20
-"""Training document ids listed per example at most (the first ones in training order)."""
+EDIT_CONTAINMENT = 0.35
+"""Exact share of an example's word 5-grams in one training document at or above which it is an
+edited copy (rule 3; the threshold's evidence is in the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +70,9 @@ class EvalTask:
 class Contaminated:
     example: int
     train_ids: list[str]
-    match: str  # "ngram" or "minhash"
+    match: str  # "ngram", "minhash" or "edit" (the first rule that matches, in that order)
     overlap: float
+    containment: float = 0.0  # its highest exact 5-gram containment in one training document
 
 
 @dataclass
@@ -121,103 +138,67 @@ class ContaminationReport:
         return {"tasks": [t.to_dict() for t in self.tasks]}
 
 
-class _Index:
-    """Sorted distinct hashes and, for each, the (owner, weight) pairs holding it (CSR)."""
-
-    def __init__(self, rows: list[tuple[int, np.ndarray]]) -> None:
-        owners = np.concatenate([np.full(len(h), i, np.int64) for i, h in rows] or [np.zeros(0)])
-        hashes = np.concatenate([h for _, h in rows] or [np.zeros(0, np.uint64)])
-        order = np.lexsort((owners, hashes))
-        hashes, owners = hashes[order], owners[order].astype(np.int64)
-        keys, starts = np.unique(hashes, return_index=True)
-        self.keys = keys
-        self.starts = np.append(starts, len(hashes))
-        self.owners = owners
-
-    def lookup(self, hashes: np.ndarray) -> np.ndarray:
-        """Positions in `keys` of those of `hashes` (distinct) that the index holds."""
-        if not len(self.keys) or not len(hashes):
-            return np.zeros(0, np.int64)
-        pos = np.searchsorted(self.keys, hashes)
-        inside = pos < len(self.keys)
-        pos = pos[inside]
-        return pos[self.keys[pos] == hashes[inside]]
-
-    def owners_of(self, positions: np.ndarray) -> np.ndarray:
-        """The owners of the keys at `positions`, one entry per (owner, key) pair held."""
-        lo, hi = self.starts[positions], self.starts[positions + 1]
-        lens = hi - lo
-        offsets = np.repeat(lo - np.cumsum(np.concatenate(([0], lens[:-1]))), lens)
-        return self.owners[offsets + np.arange(int(lens.sum()))]
-
-
-def _argmin_shingles(hasher: MinHasher, shingles: np.ndarray) -> np.ndarray:
-    """For each MinHash function, the shingle with the smallest hash: a uniform draw from the
-    set, the same draw the dedup signatures record the value of."""
-    with np.errstate(over="ignore"):
-        values = hasher.a * shingles[None, :] + hasher.b  # wraps mod 2^64 on purpose
-    return shingles[np.argmin(values, axis=1)]
-
-
 def find_contamination(
     tasks: Sequence[EvalTask],
     documents: Iterable[Document],
     ngram: int = NGRAM,
     containment: float = CONTAINMENT,
     params: DedupParams | None = None,
+    edit_containment: float = EDIT_CONTAINMENT,
 ) -> ContaminationReport:
     """Which examples of `tasks` occur in `documents` (streamed once, in order)."""
     t0 = time.perf_counter()
+    index = eval_index(tasks, ngram, containment, edit_containment, params)
+    return contamination_report(tasks, index, index.scan(documents), time.perf_counter() - t0)
+
+
+def eval_index(
+    tasks: Sequence[EvalTask],
+    ngram: int = NGRAM,
+    containment: float = CONTAINMENT,
+    edit_containment: float = EDIT_CONTAINMENT,
+    params: DedupParams | None = None,
+) -> EvalIndex:
+    """The examples of `tasks`, in order, indexed for `EvalIndex.scan`."""
     params = params or DedupParams()
     hasher = MinHasher(params.num_perm, params.seed, params.ngram)
-    owner_of: list[tuple[int, int]] = []  # flat example number -> (task, example)
-    grams: list[tuple[int, np.ndarray]] = []
-    sketch: list[tuple[int, np.ndarray]] = []
-    for ti, task in enumerate(tasks):
-        for ei, text in enumerate(task.texts):
-            flat = len(owner_of)
-            owner_of.append((ti, ei))
-            norm = normalise(text)
-            grams.append((flat, shingle_set(norm, ngram)))
-            small = shingle_set(norm, params.ngram)
-            if len(small):
-                sketch.append((flat, _argmin_shingles(hasher, small)))
-    n_examples = len(owner_of)
-    gram_index = _Index(grams)
-    sketch_index = _Index(sketch)  # a shingle drawn by several functions counts that often
-    n_grams = np.array([len(h) for _, h in grams], dtype=np.int64)
-    found = np.zeros(len(gram_index.keys), dtype=bool)
-    ngram_docs: list[list[str]] = [[] for _ in range(n_examples)]
-    minhash_docs: list[list[str]] = [[] for _ in range(n_examples)]
-    need = int(np.ceil(containment * params.num_perm - 1e-9))
-    n_docs = 0
-    for doc in documents:
-        n_docs += 1
-        norm = normalise(doc.text)
-        hits = gram_index.lookup(shingle_set(norm, ngram))
-        if len(hits):
-            found[hits] = True
-            for e in np.unique(gram_index.owners_of(hits)).tolist():
-                if len(ngram_docs[e]) < MAX_TRAIN_IDS:
-                    ngram_docs[e].append(doc.id)
-        hits = sketch_index.lookup(shingle_set(norm, params.ngram))
-        if len(hits):
-            counts = np.bincount(sketch_index.owners_of(hits), minlength=n_examples)
-            for e in np.flatnonzero(counts >= need).tolist():
-                if len(minhash_docs[e]) < MAX_TRAIN_IDS:
-                    minhash_docs[e].append(doc.id)
-    # overlap: the share of each example's n-grams found anywhere in training
-    found_per_example = np.bincount(
-        gram_index.owners_of(np.flatnonzero(found)), minlength=n_examples
+    texts = [text for task in tasks for text in task.texts]
+    return EvalIndex(
+        texts,
+        ngram,
+        containment,
+        edit_containment,
+        params.num_perm,
+        hasher.a,
+        hasher.b,
+        edit_ngram=params.ngram,
     )
+
+
+def contamination_report(
+    tasks: Sequence[EvalTask], index: EvalIndex, scan: Scan, seconds: float
+) -> ContaminationReport:
+    """The report of a finished scan (one pass, or the parts' scans merged in order)."""
+    overlap = index.overlap(scan)
     report = [TaskContamination(t.spec, t.task, len(t.texts)) for t in tasks]
-    for flat, (ti, ei) in enumerate(owner_of):
-        overlap = float(found_per_example[flat] / n_grams[flat]) if n_grams[flat] else 0.0
-        if ngram_docs[flat]:
-            row = Contaminated(ei, ngram_docs[flat], "ngram", round(overlap, 6))
-        elif minhash_docs[flat]:
-            row = Contaminated(ei, minhash_docs[flat], "minhash", round(overlap, 6))
-        else:
-            continue
-        report[ti].contaminated.append(row)
-    return ContaminationReport(report, n_docs, time.perf_counter() - t0)
+    flat = 0
+    for ti, task in enumerate(tasks):
+        for ei in range(len(task.texts)):
+            for match, docs in (
+                ("ngram", scan.ngram_docs),
+                ("minhash", scan.minhash_docs),
+                ("edit", scan.edit_docs),
+            ):
+                if docs.get(flat):
+                    report[ti].contaminated.append(
+                        Contaminated(
+                            ei,
+                            docs[flat],
+                            match,
+                            round(float(overlap[flat]), 6),
+                            round(float(scan.edit_best[flat]), 6),
+                        )
+                    )
+                    break
+            flat += 1
+    return ContaminationReport(report, scan.documents, seconds)

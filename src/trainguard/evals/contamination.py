@@ -10,6 +10,7 @@ from typing import Any
 from trainguard.data.corpus import Document, iter_documents, split_of
 from trainguard.dedup.contamination import (
     CONTAINMENT,
+    EDIT_CONTAINMENT,
     NGRAM,
     ContaminationReport,
     EvalTask,
@@ -54,10 +55,14 @@ def check_contamination(
     max_examples: int | None = None,
     ngram: int = NGRAM,
     containment: float = CONTAINMENT,
+    edit_containment: float = EDIT_CONTAINMENT,
+    engine: str = "local",
+    master: str | None = None,
 ) -> ContaminationReport:
     """Contamination of the eval `specs` by the training documents of `source`.
 
     Builtin tasks are generated from the held-out split of `source` (as `run` generates them).
+    `engine="spark"` scans the source with Spark (`dedup/contamination_spark.py`): same report.
     """
     from trainguard.config.schema import DataConfig
 
@@ -65,5 +70,20 @@ def check_contamination(
     if val_fraction > 0:
         data = DataConfig(source=source, text_field=text_field, val_fraction=val_fraction)
     tasks = eval_tasks(specs, data, max_examples)
+    if engine == "spark":
+        from trainguard.dedup.contamination_spark import find_contamination_spark
+
+        return find_contamination_spark(
+            tasks,
+            source,
+            text_field,
+            val_fraction,
+            ngram=ngram,
+            containment=containment,
+            edit_containment=edit_containment,
+            master=master,
+        )
     docs = training_documents(source, text_field, val_fraction)
-    return find_contamination(tasks, docs, ngram=ngram, containment=containment)
+    return find_contamination(
+        tasks, docs, ngram=ngram, containment=containment, edit_containment=edit_containment
+    )
