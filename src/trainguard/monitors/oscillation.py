@@ -40,7 +40,7 @@ Every `interval` rows the last `window` rows are tested:
    means of window/128 rows, periods up to a third of the rows seen (its docstring says how).
 The fit and FFT cost O(n log n) every `interval` rows, plus, every window/2 rows, one fit and
 at most 7 FFTs of up to 4096 rows for the faint-wave test, plus the long-period test's fit and
-FFT of 512 points every 16 coarse points: a constant amortised cost per step.
+FFT of 512 points every 32 coarse points: a constant amortised cost per step.
 """
 
 from __future__ import annotations

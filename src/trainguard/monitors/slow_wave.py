@@ -34,7 +34,7 @@ longer than a fifth of a window (a quarter of a half-window block for the faint-
 5. A period that is the alias of a shorter wave already reported (a wave of under 2 coarse
    points folds into the tested band) is not reported again.
 The coarse point costs O(1) per row; the test, one least-squares fit and one FFT of 512 points,
-runs every EVERY coarse points (128 rows by default): a constant amortised cost per step.
+runs every EVERY = 32 coarse points (256 rows by default): a constant amortised cost per step.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ POINTS = 512
 """Coarse points kept: the span of the long-period test is POINTS * stride rows."""
 RESOLUTION = 128
 """Coarse points per window: stride = window // RESOLUTION rows per point."""
-EVERY = 16
+EVERY = 32
 """Coarse points between two long-period tests."""
 K_LO = 3
 SIDE = 16
@@ -131,6 +131,8 @@ def find_slow_wave(
         return None
     k, _, p_value = peak
     f = _refine(resid, float(k))
+    if f < K_LO:
+        return None  # fewer than K_LO cycles in the span: wait for the rows that tell its period
     joint = _joint_amplitudes(y, design, f, parts=3)
     if joint is None:
         return None
