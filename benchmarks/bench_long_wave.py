@@ -92,11 +92,15 @@ def wave_curve(n: int, seed: int, amplitude: float, period: float) -> np.ndarray
 
 def detection(n: int, amplitude: float, period: float, seeds: range) -> dict[str, dict]:
     out: dict[str, dict] = {
-        k: {"hits": 0, "period_errors": [], "amplitude_ratios": []} for k in DETECTORS
+        k: {"hits": 0, "period_errors": [], "amplitude_ratios": [], "by_kind": {}}
+        for k in DETECTORS
     }
     for seed in seeds:
+        kind = NOISE_KINDS[seed % len(NOISE_KINDS)][0]
         for name, found in findings(wave_curve(n, seed, amplitude, period)).items():
             good = [f for f in found if abs(f.data["period_steps"] - period) <= 0.1 * period]
+            hits, tries = out[name]["by_kind"].get(kind, (0, 0))
+            out[name]["by_kind"][kind] = (hits + bool(good), tries + 1)
             if good:
                 r = out[name]
                 r["hits"] += 1
@@ -167,6 +171,12 @@ def markdown(grid, lengths, longest, fa, costs, seeds, fa_seeds, command) -> str
             f"{_med(w['period_errors'])} | {_med(w['amplitude_ratios'], False)} "
             f"({_range(w['amplitude_ratios'])}) |"
         )
+    lines += ["", "Detection over the whole grid by noise kind:", ""]
+    lines += ["| noise | old | new |", "|---|---|---|"]
+    for kind, _ in NOISE_KINDS:
+        cells = {d: [r[d]["by_kind"].get(kind, (0, 0)) for r in grid.values()] for d in DETECTORS}
+        rates = {d: sum(h for h, _ in c) / max(sum(t for _, t in c), 1) for d, c in cells.items()}
+        lines.append(f"| {kind} | {rates['old']:.1%} | **{rates['new']:.1%}** |")
     lines += [
         "",
         f"Curve length, 1.5% wave of period 400 (same noise kinds), {seeds} seeds:",
