@@ -5,8 +5,11 @@ with 3% per-batch noise: warm-up of 100 steps, a cosine schedule on odd seeds, a
 white, heavy-tailed (Student-t), heteroscedastic (its std following the loss's fall, 2x to 0.5x)
 or AR(1)-correlated (0.5) by seed (synthetic.clean_loss). Two detectors over the same curves,
 fed step by step as in a run, finalize included (as `trainguard watch` does):
-- `old`: the oscillation detector without the long-period test (one window's g-test and the
-  faint-wave test over joined blocks: R105 as it was before slow_wave.py);
+- `old`: the detector as it was before this test (commit eea597e, read with `git show`: one
+  window's Fisher g-test and the faint-wave test over joined blocks, both against the whole
+  band's noise level);
+- `no long test`: the shipped detector without the long-period test (its window and block tests
+  judge a peak against its neighbouring bins, spectral.local_peak);
 - `new`: the shipped detector (oscillation.py with slow_wave.py).
 A detection is an R105 whose period is within 10% of the planted one; the amplitude error is
 the reported amplitude of that finding over the planted one. False alarms: any R105 on clean
@@ -22,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -63,14 +68,32 @@ CLEAN = {
 FA_LENGTHS = (3000, 10000)
 
 
-class Old(OscillationDetector):
-    """The detector without the long-period test: R105 as it was before slow_wave.py."""
+BASELINE = "eea597e"
+"""The commit before the long-period test: its oscillation.py is the `old` detector."""
+
+
+def old_detector() -> type:
+    """OscillationDetector as it was at BASELINE (it imports only numpy and trainguard.findings)."""
+    src = subprocess.run(
+        ["git", "show", f"{BASELINE}:src/trainguard/monitors/oscillation.py"],
+        cwd=Path(__file__).resolve().parent,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    module = types.ModuleType("oscillation_before")
+    exec(compile(src, "oscillation_before.py", "exec"), module.__dict__)
+    return module.OscillationDetector
+
+
+class NoLongTest(OscillationDetector):
+    """The shipped detector without the long-period test."""
 
     def _slow(self, step: int) -> list:
         return []
 
 
-DETECTORS = {"old": Old, "new": OscillationDetector}
+DETECTORS = {"old": old_detector(), "no long test": NoLongTest, "new": OscillationDetector}
 
 
 def findings(loss: np.ndarray) -> dict[str, list]:
@@ -161,44 +184,49 @@ def markdown(grid, lengths, longest, fa, costs, seeds, fa_seeds, command) -> str
         "detection is an R105 naming the period within 10%; old / new detector, then the new "
         "one's median period error and median (min-max) reported / planted amplitude:",
         "",
-        "| amplitude | period | old | new | period error | amplitude ratio |",
-        "|---|---|---|---|---|---|",
+        "| amplitude | period | old | no long test | new | period error | amplitude ratio |",
+        "|---|---|---|---|---|---|---|",
     ]
     for (amp, period), r in grid.items():
-        o, w = r["old"], r["new"]
+        o, m, w = r["old"], r["no long test"], r["new"]
         lines.append(
-            f"| {amp:.1%} | {period} | {o['rate']:.0%} | **{w['rate']:.0%}** | "
+            f"| {amp:.1%} | {period} | {o['rate']:.0%} | {m['rate']:.0%} | **{w['rate']:.0%}** | "
             f"{_med(w['period_errors'])} | {_med(w['amplitude_ratios'], False)} "
             f"({_range(w['amplitude_ratios'])}) |"
         )
     lines += ["", "Detection over the whole grid by noise kind:", ""]
-    lines += ["| noise | old | new |", "|---|---|---|"]
+    lines += ["| noise | old | no long test | new |", "|---|---|---|---|"]
     for kind, _ in NOISE_KINDS:
         cells = {d: [r[d]["by_kind"].get(kind, (0, 0)) for r in grid.values()] for d in DETECTORS}
         rates = {d: sum(h for h, _ in c) / max(sum(t for _, t in c), 1) for d, c in cells.items()}
-        lines.append(f"| {kind} | {rates['old']:.1%} | **{rates['new']:.1%}** |")
+        lines.append(
+            f"| {kind} | {rates['old']:.1%} | {rates['no long test']:.1%} | "
+            f"**{rates['new']:.1%}** |"
+        )
     lines += [
         "",
         f"Curve length, 1.5% wave of period 400 (same noise kinds), {seeds} seeds:",
         "",
-        "| steps | old | new | period error |",
-        "|---|---|---|---|",
+        "| steps | old | no long test | new | period error |",
+        "|---|---|---|---|---|",
     ]
     for n, r in lengths.items():
         lines.append(
-            f"| {n} | {r['old']['rate']:.0%} | **{r['new']['rate']:.0%}** | "
+            f"| {n} | {r['old']['rate']:.0%} | {r['no long test']['rate']:.0%} | "
+            f"**{r['new']['rate']:.0%}** | "
             f"{_med(r['new']['period_errors'])} |"
         )
     lines += [
         "",
         f"The longest periods, 2% wave on 4000-step curves, {seeds} seeds:",
         "",
-        "| period | old | new | period error |",
-        "|---|---|---|---|",
+        "| period | old | no long test | new | period error |",
+        "|---|---|---|---|---|",
     ]
     for p, r in longest.items():
         lines.append(
-            f"| {p} | {r['old']['rate']:.0%} | **{r['new']['rate']:.0%}** | "
+            f"| {p} | {r['old']['rate']:.0%} | {r['no long test']['rate']:.0%} | "
+            f"**{r['new']['rate']:.0%}** | "
             f"{_med(r['new']['period_errors'])} |"
         )
     lines += [
@@ -206,11 +234,13 @@ def markdown(grid, lengths, longest, fa, costs, seeds, fa_seeds, command) -> str
         f"False alarms on clean curves (any R105), {fa_seeds} seeds at each of "
         f"{' and '.join(map(str, FA_LENGTHS))} steps:",
         "",
-        "| clean curve | old | new |",
-        "|---|---|---|",
+        "| clean curve | old | no long test | new |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {k} | {v['old'][0]} of {v['old'][1]} | {v['new'][0]} of {v['new'][1]} |"
-              for k, v in fa.items()]  # fmt: skip
+    lines += [
+        f"| {k} | " + " | ".join(f"{v[d][0]} of {v[d][1]}" for d in DETECTORS) + " |"
+        for k, v in fa.items()
+    ]
     for name in DETECTORS:
         total = sum(v[name][0] for v in fa.values())
         runs = sum(v[name][1] for v in fa.values())

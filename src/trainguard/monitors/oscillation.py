@@ -5,10 +5,12 @@ Every `interval` rows the last `window` rows are tested:
    with warm-up and a cosine schedule is smooth in those coordinates) and keep the residual.
    Log units make the amplitude relative: 0.01 means a 1% wave (spectral.py).
 2. Periodogram of the residual (no taper, so bins are independent under white noise), over
-   frequencies k = 4 .. (n-1)//2: periods from n/4 rows down to two rows. Slower waves cannot
-   be told apart from the trend the polynomial absorbs; the long-period test (step 7) takes them.
+   frequencies k = 9 .. (n-1)//2: periods from n/9 rows (114 for a full window) down to two
+   rows. Slower waves are the long-period test's (step 7): the polynomial absorbs part of them
+   here, and the noise level of step 3 needs bins on both sides of a pair.
 3. Significance (spectral.local_peak): the largest sum of two adjacent bins (a wave between
-   them keeps its power) over the mean of the SIDE = 16 bins on each side, the four around the
+   them keeps its power) over the mean of up to SIDE = 16 bins on each side, as many below as
+   above, within k >= 4 (below, the trend fit has removed power) and with the four around the
    pair left out. Under noise that is white near the pair, the pair is Gamma(2) and the
    background mean of m bins Gamma(m)/m in the same unit, so P(ratio > x) = (1 + s)^-(m+1)
    (1 + s + m s), s = x/m, exactly; times the number of pairs it must be below `alpha`, and the
@@ -17,7 +19,9 @@ Every `interval` rows the last `window` rows are tested:
    the whole band, which assumes white noise, and batch noise is often not white. AR(1)-
    correlated noise (0.5-0.9) tilts the spectrum several-fold across the band, and the g-test
    raised R105 on every such clean curve in benchmarks/bench_long_wave.py; a tilt is no peak
-   over its own neighbourhood, and a wave is.
+   over its own neighbourhood, and a wave is. The neighbourhood is centred because a red
+   spectrum is convex: a centred mean then lies above the pair's own level (conservative), a
+   one-sided one below it.
 4. Stationarity: a wave from the data order persists with a fixed period and phase, so the
    component, measured in each third of the window against the whole window's phase, must
    keep between half and 1.5 times its amplitude there. Trend misfit (the fast fall after
@@ -31,8 +35,9 @@ Every `interval` rows the last `window` rows are tested:
    and the power of a steady sinusoid in a periodogram grows with its length while the noise
    per bin does not. So each completed block of window/2 rows is detrended on its own (step 1)
    and kept, and the residuals of the last K = 2 .. 8 blocks (up to 4096 rows) are joined into
-   one periodogram, over periods up to a quarter of a block, tested as in step 3 with SIDE * K
-   bins on each side (the same width in frequency), Bonferroni over the K tried; every block must
+   one periodogram, over periods up to a quarter of a block (less the centred neighbourhood's
+   first bins), tested as in step 3 with up to SIDE * K bins on each side (the same width in
+   frequency), Bonferroni over the K tried; every block must
    carry at least a quarter of the wave's amplitude in phase (as step 4: a misfit in one block
    cannot pass). The period is refined by a parabola through the log powers around the peak.
 7. A slow wave (hundreds to about a thousand steps: a shard of 400 steps at 1-2% under 3%

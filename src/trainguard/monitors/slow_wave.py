@@ -16,25 +16,40 @@ longer than a fifth of a window (a quarter of a half-window block for the faint-
    most of its cycles. Frequencies from K_LO = 3 cycles over the span (periods up to a third of
    it: about 1365 rows by default, or a third of a shorter run) up to a quarter of the points
    (periods of 4 coarse points, 32 rows) are tested.
-3. Significance: the largest sum of two adjacent periodogram bins (a wave between them keeps its
-   power) against the local noise level, the mean of the SIDE bins on each side, the four bins
-   around the pair left out (where the wave's own leakage sits). Local, because batch noise is not
-   white: AR(1)-correlated noise or the trend's misfit tilt the spectrum, and only a peak that
-   stands above its own neighbourhood is a wave; a mean, because its distribution is exact: under
-   white noise the pair is Gamma(2) and the m background bins Gamma(m) in the same unit, so the
-   ratio x = pair / (background / m) exceeds x with probability (1 + s)^-(m+1) (1 + s + m s),
-   s = x / m (Fisher's reasoning with the noise level estimated beside the peak rather than
-   from the whole band). Times the number of pairs (Bonferroni) it must be below `alpha`.
-4. Stationarity, as the window tests: the period is refined on a fine grid between the bins,
-   the wave is fitted jointly with the trend (so the polynomial's share of it, largest where it
-   bends, is given back), once over the span and once per third; each third must carry between
-   half and 1.5 times the whole's amplitude in its phase. A misfit of the trend (the warm-up's
+3. Significance (spectral.local_peak): the largest sum of two adjacent periodogram bins (a wave
+   between them keeps its power) against the local noise level, the mean of the SIDE bins on
+   each side, the four bins around the pair left out (where the wave's own leakage sits), the
+   neighbourhood clipped at the band's low edge (the coarse noise is flat far past the band,
+   even under AR(1) 0.9 batch noise). Local, because batch noise is not white: AR(1)-correlated
+   noise or the trend's misfit tilt the spectrum, and only a peak that stands above its own
+   neighbourhood is a wave; a mean, because its distribution is exact: under white noise the
+   pair is Gamma(2) and the m background bins Gamma(m) in the same unit, so the ratio x = pair /
+   (background / m) exceeds x with probability (1 + s)^-(m+1) (1 + s + m s), s = x / m
+   (Fisher's reasoning with the noise level estimated beside the peak rather than from the
+   whole band). Times the number of pairs (Bonferroni) it must be below `alpha`.
+4. Stationarity, as the window tests: the period is refined on a fine grid between the bins
+   (a refined period longer than a third of the span waits for more rows: an estimate at the
+   band's edge came out 10% short), the wave is fitted jointly with the trend (so the
+   polynomial's share of it, largest where it bends, is given back), once over the span and
+   once per third; each third must carry between half and 1.5 times the whole's amplitude in
+   its phase. A misfit of the trend (the warm-up's
    fall, a divergence starting) is lobes of changing size in one part and fails, as does a
    spike or a shift.
 5. A period that is the alias of a shorter wave already reported (a wave of under 2 coarse
    points folds into the tested band) is not reported again.
 The coarse point costs O(1) per row; the test, one least-squares fit and one FFT of 512 points,
 runs every EVERY = 32 coarse points (256 rows by default): a constant amortised cost per step.
+
+Why this way. Means rather than every stride-th row: a subsample folds all the noise (and any
+short wave) into the band at full power, where means keep the noise white at 1/stride of its
+variance and shrink short waves. A bounded span rather than the whole run: bounded memory and
+cost, and a wave that starts mid-run (a new data order after a resume) is not diluted by the rows
+before it; 4096 rows still hold three cycles of 1365 steps. One polynomial over the span rather
+than per-block fits (step 6 of oscillation.py): a block's fit absorbs any period over a quarter of
+the block. A local level of 2 x 16 bins: narrower costs power (the level's own noise: at alpha
+1e-6 over ~125 pairs the threshold is x ~ 31 against ~ 22 for a known level), wider follows an
+AR(1) tilt less closely. Measured in benchmarks/bench_long_wave.py (docs/benchmarks/long_wave.md):
+detection and false alarms over many seeds, against the detector without this test.
 """
 
 from __future__ import annotations
@@ -126,7 +141,7 @@ def find_slow_wave(
     y, design, resid = fit
     n = len(resid)
     spec = np.abs(np.fft.rfft(resid)) ** 2
-    peak = local_peak(spec, K_LO, n // 4, (n - 1) // 2, SIDE)
+    peak = local_peak(spec, K_LO, n // 4, (n - 1) // 2, SIDE, centred=False)
     if peak is None or peak[2] >= alpha:
         return None
     k, _, p_value = peak

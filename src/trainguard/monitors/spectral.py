@@ -10,6 +10,8 @@ MIN_ROWS = 96
 """Fewest rows (or coarse points) a trend is fitted to."""
 DEGREE = 5
 """Degree of the trend polynomial in log(step + 1)."""
+MIN_SIDE = 4
+"""Fewest bins on each side of a pair that give its noise level (local_peak)."""
 
 
 def trend_design(steps: np.ndarray) -> np.ndarray | None:
@@ -84,27 +86,38 @@ def pair_tail(x: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 def local_peak(
-    spec: np.ndarray, k_lo: int, k_hi: int, top: int, side: int
+    spec: np.ndarray, k_lo: int, k_hi: int, top: int, side: int, centred: bool = True
 ) -> tuple[int, float, float] | None:
     """The most significant pair of adjacent bins (k, k + 1), k_lo <= k < k_hi, against its own
-    neighbourhood: the mean of the bins within `side` of it in [1, top], the four bins k - 1 ..
-    k + 2 left out (the wave's leakage). Returns (k, x, p): x the pair over the background mean,
-    p the chance of so large an x anywhere under noise that is white near each pair (Bonferroni
-    over the pairs); None when there are too few bins.
+    neighbourhood: the mean of the bins within `side` of it, the four bins k - 1 .. k + 2 left out
+    (the wave's leakage). Returns (k, x, p): x the pair over the background mean, p the chance of
+    so large an x anywhere under noise that is white near each pair (Bonferroni over the pairs);
+    None when there are too few bins.
 
     A local level, not one for the whole band, because batch noise is not white: AR(1)-correlated
     noise and the trend's misfit tilt the spectrum by a factor of several across the band, and a
-    wave is a peak over its own neighbourhood, which a tilt is not. Where the spectrum is convex
-    (an AR(1)'s red slope) the symmetric mean lies above the centre: conservative."""
+    wave is a peak over its own neighbourhood, which a tilt is not. `centred`: the neighbourhood
+    is as wide below the pair as above it and stays within [k_lo, top] (pairs with fewer than
+    MIN_SIDE bins on a side are not tested), so that on a convex spectrum (an AR(1)'s red slope)
+    its mean lies above the pair's own level: conservative. A one-sided neighbourhood at the band's
+    low edge, or one reaching below k_lo where the trend fit has removed power, sits below it on a
+    red slope: at 10,000 steps under AR(1) 0.9 noise that raised R105 on 3 of 100 clean curves.
+    Not centred (the long-period test, whose coarse noise is flat well past its band), the window
+    is clipped to [1, top] instead."""
     ks = np.arange(k_lo, min(k_hi, top - 1))  # k + 2 <= top: the left-out bins exist
+    if centred:
+        ks = ks[np.minimum(ks - 1 - k_lo, top - ks - 2) >= MIN_SIDE]
     if len(ks) < 8:
         return None
+    if centred:
+        half = np.minimum(np.minimum(ks - 1 - k_lo, top - ks - 2), side)
+        lo, hi = ks - 1 - half, ks + 2 + half
+    else:
+        lo, hi = np.maximum(ks - 1 - side, 1), np.minimum(ks + 2 + side, top)  # inclusive
     csum = np.concatenate(([0.0], np.cumsum(spec)))
-    lo = np.maximum(ks - 1 - side, 1)
-    hi = np.minimum(ks + 2 + side, top)  # inclusive
     m = (hi - lo + 1 - 4).astype(np.float64)
     background = csum[hi + 1] - csum[lo] - (csum[ks + 3] - csum[ks - 1])
-    if np.any(m < 8) or np.any(background <= 0):
+    if np.any(m < 2 * MIN_SIDE) or np.any(background <= 0):
         return None
     x = (spec[ks] + spec[ks + 1]) / (background / m)
     tails = pair_tail(x, m)
