@@ -46,9 +46,12 @@ CLEAN = {
 
 
 class SingleWindow(OscillationDetector):
-    """The detector without the faint-wave test: Fisher's g-test on one window only."""
+    """The detector without the faint-wave test (nor the long-period test): one window only."""
 
     def _block(self, step: int) -> list:
+        return []
+
+    def _slow(self, step: int) -> list:
         return []
 
 

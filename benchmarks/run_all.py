@@ -46,6 +46,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "bench_run_checkpoint_stall": ["--steps", "8", "--interval", "4", "--rounds", "1"],
     "bench_distributed": ["--steps", "10", "--skip", "2", "--rounds", "1"],
     "bench_wave": ["--seeds", "5"],
+    "bench_long_wave": ["--seeds", "3", "--fa-seeds", "3"],
     "bench_restart": ["--rounds", "1"],
 }
 

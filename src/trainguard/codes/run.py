@@ -98,15 +98,20 @@ register(
         code="R105",
         title="Periodic oscillation of the loss",
         severity="warning",
-        catches="After removing the trend (a degree-5 polynomial in log step fitted to log loss "
-        "over the last `oscillation_window` rows), the residual spectrum has a peak that "
-        "Fisher's g-test finds significant at `oscillation_alpha`; or, for a faint wave (0.5% "
-        "of the loss under 2% noise), the periodogram of the last 2-8 half-window blocks joined "
-        "(each detrended on its own) has a peak beyond chance at the same level, present in "
-        "every block. The message names the period; `data.period_steps` holds it, "
-        "`data.windows` the number of blocks joined (1: one window), and "
-        "`data.matches_data_period` says whether it equals (or divides) the known data period "
-        "(shard or epoch length).",
+        catches="After removing the trend (a degree-5 polynomial in log step fitted to log loss), "
+        "a periodogram of the residual has a pair of adjacent bins far above its neighbouring "
+        "bins (beyond chance at `oscillation_alpha`; a local noise level, so correlated or "
+        "uneven batch noise is not a wave), in phase throughout. Three tests: the last "
+        "`oscillation_window` rows (periods up to a ninth of it); for a faint short wave (0.5% "
+        "of the loss under 2% noise) the last 2-8 half-window blocks joined, each detrended on "
+        "its own (periods up to about a ninth of the window); and for a slow wave (1-2% under 3% "
+        "noise, periods of hundreds to about a thousand steps) the last 4 windows kept as means "
+        "of window/128 rows, periods up to a third of the rows seen. The message names the "
+        "period and the relative amplitude; `data.period_steps` and `data.amplitude` hold them, "
+        "`data.test` the test that found it (`window`, `blocks`, `long`), `data.rows` the rows it "
+        "covered, `data.windows` the number of blocks joined (the long test: windows covered), "
+        "and `data.matches_data_period` says whether it equals (or divides) the known data "
+        "period (shard or epoch length).",
         why="A loss that waves with the data order means batches are not exchangeable: poorly "
         "shuffled shards or documents, so the model fits each stretch in turn and forgets.",
         fix="Shuffle across shards and documents (a global permutation of samples), not only "

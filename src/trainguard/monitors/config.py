@@ -50,13 +50,16 @@ class MonitorsConfig(StrictModel):
     divergence_min_steps: int = Field(50, ge=0)
     """Steps seen before divergence is scored (warm-up bumps are not divergence)."""
     oscillation_window: int = Field(1024, ge=128)
-    """Rows of loss history tested for a periodic wave; the longest detectable period is a
-    fifth of the rows held (204 rows for a full window). Faint waves are tested over up to
-    8 blocks of half a window joined (4096 rows), periods up to an eighth of the window."""
+    """Rows of loss history tested for a periodic wave; one window's test finds periods up to a
+    ninth of it (114 rows for a full window). Faint waves are tested over up to 8 blocks of half
+    a window joined (4096 rows), periods up to about a ninth of the window; slow ones over the
+    last 4 windows (4096 rows) kept as means of window/128 rows, periods from 4 such means (32
+    rows) up to a third of the rows seen (1365 rows once 4 windows are held)."""
     oscillation_interval: int = Field(128, ge=1)
     """Test for a wave every this many rows (the FFT cost is amortised over them)."""
     oscillation_alpha: float = Field(1e-6, gt=0.0, lt=1.0)
-    """Significance level of Fisher's g-test on the residual periodogram."""
+    """Significance level of each wave test: the chance that noise alone (white near the peak)
+    gives a periodogram peak so far above its neighbouring bins."""
     oscillation_min_amplitude: float = Field(0.003, ge=0.0)
     """Ignore waves whose amplitude is below this fraction of the loss (harmless ripples)."""
     throughput_window: int = Field(64, ge=4)

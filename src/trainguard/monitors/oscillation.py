@@ -3,13 +3,25 @@
 Every `interval` rows the last `window` rows are tested:
 1. Detrend: fit a degree-5 polynomial in log(step) to log(loss) by least squares (a power law
    with warm-up and a cosine schedule is smooth in those coordinates) and keep the residual.
-   Log units make the amplitude relative: 0.01 means a 1% wave.
+   Log units make the amplitude relative: 0.01 means a 1% wave (spectral.py).
 2. Periodogram of the residual (no taper, so bins are independent under white noise), over
-   frequencies k = 5 .. (n-1)//2: periods from n/5 rows down to two rows. Slower waves cannot
-   be told apart from the trend the polynomial absorbs (at k = 4 the misfit of a warm-up's fast
-   fall passed every test below in about 1 clean curve in 1000).
-3. Fisher's g-test: g = max P_k / sum P_k; under white noise P(G > g) ~= m (1 - g)^(m - 1) for m
-   bins. A peak is a wave when that is below `alpha` and its amplitude at least `min_amplitude`.
+   frequencies k = 9 .. (n-1)//2: periods from n/9 rows (114 for a full window) down to two
+   rows. Slower waves are the long-period test's (step 7): the polynomial absorbs part of them
+   here, and the noise level of step 3 needs bins on both sides of a pair.
+3. Significance (spectral.local_peak): the largest sum of two adjacent bins (a wave between
+   them keeps its power) over the mean of up to SIDE = 16 bins on each side, as many below as
+   above, within k >= 4 (below, the trend fit has removed power) and with the four around the
+   pair left out. Under noise that is white near the pair, the pair is Gamma(2) and the
+   background mean of m bins Gamma(m)/m in the same unit, so P(ratio > x) = (1 + s)^-(m+1)
+   (1 + s + m s), s = x/m, exactly; times the number of pairs it must be below `alpha`, and the
+   amplitude at least `min_amplitude`. This is Fisher's reasoning (a peak beyond what the largest
+   of m noise bins reaches) with the noise level measured beside the peak: Fisher's g divides by
+   the whole band, which assumes white noise, and batch noise is often not white. AR(1)-
+   correlated noise (0.5-0.9) tilts the spectrum several-fold across the band, and the g-test
+   raised R105 on every such clean curve in benchmarks/bench_long_wave.py; a tilt is no peak
+   over its own neighbourhood, and a wave is. The neighbourhood is centred because a red
+   spectrum is convex: a centred mean then lies above the pair's own level (conservative), a
+   one-sided one below it.
 4. Stationarity: a wave from the data order persists with a fixed period and phase, so the
    component, measured in each third of the window against the whole window's phase, must
    keep between half and 1.5 times its amplitude there. Trend misfit (the fast fall after
@@ -23,16 +35,17 @@ Every `interval` rows the last `window` rows are tested:
    and the power of a steady sinusoid in a periodogram grows with its length while the noise
    per bin does not. So each completed block of window/2 rows is detrended on its own (step 1)
    and kept, and the residuals of the last K = 2 .. 8 blocks (up to 4096 rows) are joined into
-   one periodogram, over periods up to a quarter of a block. Its bins are normalised by the
-   median bin over ln 2 (each ~ Exp(1) under white noise; the median ignores a few misfit
-   lobes and the wave), two adjacent bins are summed so a wave between them keeps its power
-   (~ Gamma(2): P(> x) = (1 + x) e^-x), and the largest pair is a wave when that tail times the
-   number of pairs and of K tried is below `alpha`, every block carries at least a quarter of
-   the wave's amplitude in phase (as step 4: a misfit in one block cannot pass), and the
-   amplitude reaches `min_amplitude`. The period is refined by a parabola through the log
-   powers around the peak.
+   one periodogram, over periods up to a quarter of a block (less the centred neighbourhood's
+   first bins), tested as in step 3 with up to SIDE * K bins on each side (the same width in
+   frequency), Bonferroni over the K tried; every block must
+   carry at least a quarter of the wave's amplitude in phase (as step 4: a misfit in one block
+   cannot pass). The period is refined by a parabola through the log powers around the peak.
+7. A slow wave (hundreds to about a thousand steps: a shard of 400 steps at 1-2% under 3%
+   noise) is absorbed by every trend fit above; slow_wave.py tests the last 4 windows kept as
+   means of window/128 rows, periods up to a third of the rows seen (its docstring says how).
 The fit and FFT cost O(n log n) every `interval` rows, plus, every window/2 rows, one fit and
-at most 7 FFTs of up to 4096 rows for the faint-wave test: a constant amortised cost per step.
+at most 7 FFTs of up to 4096 rows for the faint-wave test, plus the long-period test's fit and
+FFT of 512 points every 32 coarse points: a constant amortised cost per step.
 """
 
 from __future__ import annotations
@@ -45,13 +58,26 @@ from typing import Any
 import numpy as np
 
 from trainguard.findings import Finding
+from trainguard.monitors.slow_wave import EVERY, RESOLUTION, CoarseHistory, find_slow_wave, is_alias
+from trainguard.monitors.spectral import MIN_ROWS, detrended, local_peak
+from trainguard.monitors.spectral import component as _component
+from trainguard.monitors.spectral import peak_bin as _peak_bin
 
-MIN_ROWS = 96
+__all__ = [
+    "MIN_ROWS",
+    "OscillationDetector",
+    "detrended",
+    "find_long_wave",
+    "find_wave",
+    "match_data_period",
+]
+
 BLOCKS = 8
 """Completed blocks (half a window each) the faint-wave test joins at most."""
 _BLOCK_SHARE = 0.25
-_DEGREE = 5
 _K_MIN = 4
+SIDE = 16
+"""Bins on each side of a pair that give its noise level (spectral.local_peak)."""
 _K_MIN_BLOCK = 4
 _PAD = 8
 _THIRDS_MIN = 0.5
@@ -59,55 +85,23 @@ _THIRDS_MAX = 1.5
 _MATCH_TOL = 0.1
 
 
-def _component(resid: np.ndarray, idx: np.ndarray, k: int, n: int) -> complex:
-    """Complex amplitude of the frequency k/n component of resid restricted to positions idx."""
-    phase = 2.0 * np.pi * k * idx / n
-    c = float(resid[idx] @ np.cos(phase))
-    s = float(resid[idx] @ np.sin(phase))
-    return complex(c, s) * 2.0 / len(idx)
-
-
-def detrended(steps: np.ndarray, values: np.ndarray) -> np.ndarray | None:
-    """The residual of log(values) after the trend fit (step 1), or None when there is nothing
-    to test (too few rows, a single step, or a curve the polynomial explains exactly)."""
-    if len(values) < MIN_ROWS:
-        return None
-    y = np.log(values) if np.all(values > 0) else values / max(np.mean(np.abs(values)), 1e-12)
-    t = np.log1p(np.maximum(steps, 0.0))  # log(step + 1): finite at step 0
-    t_lo, t_hi = float(t.min()), float(t.max())
-    if t_hi <= t_lo:
-        return None
-    u = 2.0 * (t - t_lo) / (t_hi - t_lo) - 1.0
-    design = np.vander(u, _DEGREE + 1)  # (n, degree + 1)
-    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-    resid = y - design @ coef
-    if not np.any(np.abs(resid) > 1e-9):
-        return None  # a curve the polynomial explains exactly: constant, pure power law
-    return resid
-
-
 def find_wave(steps: np.ndarray, values: np.ndarray, alpha: float) -> dict[str, float] | None:
     """The most significant periodic component of `values` over `steps`, or None.
 
-    Returns {"period_steps", "amplitude", "p_value", "g"} when Fisher's test rejects white noise
-    at `alpha` and the wave is present throughout; pure function, used online and offline.
+    Returns {"period_steps", "amplitude", "p_value", "x"} when a pair of bins stands above its
+    neighbourhood beyond chance at `alpha` (steps 2-3) and the wave is present throughout;
+    pure function, used online and offline.
     """
     resid = detrended(steps, values)
     if resid is None:
         return None
     n = len(resid)
     spec = np.abs(np.fft.rfft(resid)) ** 2
-    band = spec[_K_MIN : (n - 1) // 2 + 1]
-    total = float(band.sum())
-    if total <= 0 or len(band) < 8:
+    peak = local_peak(spec, _K_MIN, n, (n - 1) // 2, SIDE)
+    if peak is None or peak[2] >= alpha:
         return None
-    k_rel = int(np.argmax(band))
-    g = float(band[k_rel]) / total
-    m = len(band)
-    p_value = min(1.0, m * (1.0 - g) ** (m - 1))
-    if p_value >= alpha:
-        return None
-    k = k_rel + _K_MIN
+    k, x, p_value = peak
+    k += 1 if spec[k + 1] > spec[k] else 0
     amplitude = 2.0 * math.sqrt(float(spec[k])) / n
     # The same wave in each third: same amplitude and phase. Projected on the whole window's
     # phase, each third must carry at least half the amplitude.
@@ -127,7 +121,7 @@ def find_wave(steps: np.ndarray, values: np.ndarray, alpha: float) -> dict[str, 
         "period_steps": _PAD * n / j * max(stride, 1e-12),
         "amplitude": max(amplitude, 2.0 * float(fine[j]) / float(w.sum())),
         "p_value": p_value,
-        "g": g,
+        "x": x,
     }
 
 
@@ -153,22 +147,13 @@ def _long_wave(
     resid = np.concatenate(blocks)
     n, parts = len(resid), len(blocks)
     spec = np.abs(np.fft.rfft(resid)) ** 2
-    band = spec[_K_MIN_BLOCK * parts : (n - 1) // 2 + 1]  # slower than n/parts/4: the trend's
-    if len(band) < 8:
+    # Slower than a quarter of a block is the trend's; the neighbourhood is as wide in periods as
+    # the window test's, so SIDE bins per block joined.
+    peak = local_peak(spec, _K_MIN_BLOCK * parts, n, (n - 1) // 2, SIDE * parts)
+    if peak is None or peak[2] >= alpha:
         return None
-    # The white-noise level per bin: the median bin over ln 2 (the median of Exp(1)), which
-    # neither a trend misfit at a few low frequencies nor the wave itself moves much.
-    noise = float(np.median(band)) / math.log(2.0)
-    if noise <= 0:
-        return None
-    pairs = (band[:-1] + band[1:]) / noise  # a wave between two bins keeps its power
-    i = int(np.argmax(pairs))
-    x = float(pairs[i])
-    # Each normalised bin ~ Exp(1) under white noise, a pair ~ Gamma(2): P(> x) = (1 + x) e^-x.
-    p_value = min(1.0, len(pairs) * (1.0 + x) * math.exp(-x))
-    if p_value >= alpha:
-        return None
-    j = i + _K_MIN_BLOCK * parts + (1 if band[i + 1] > band[i] else 0)
+    i, x, p_value = peak
+    j = i + (1 if spec[i + 1] > spec[i] else 0)
     # Present in every block with the same phase, like the thirds of step 4.
     whole = _component(resid, np.arange(n), j, n)
     if abs(whole) == 0:
@@ -181,24 +166,14 @@ def _long_wave(
     ]
     if min((c * unit.conjugate()).real for c in each) < _BLOCK_SHARE * abs(whole):
         return None
-    signal = max(float(band[i] + band[i + 1]) - 2.0 * noise, 0.0)
+    noise = float(spec[i] + spec[i + 1]) / x  # the background level per bin
+    signal = max(float(spec[i] + spec[i + 1]) - 2.0 * noise, 0.0)
     return {
         "period_steps": n / _peak_bin(spec, j) * stride,
         "amplitude": 2.0 * math.sqrt(signal) / n,
         "p_value": p_value,
         "blocks": float(parts),
     }
-
-
-def _peak_bin(spectrum: np.ndarray, j: int) -> float:
-    """The frequency (in bins) of the peak at bin j, refined by a parabola through the log
-    powers of bins j - 1, j, j + 1."""
-    if 0 < j < len(spectrum) - 1:
-        a, b, c = np.log(np.maximum(spectrum[j - 1 : j + 2], 1e-300))
-        denom = a - 2.0 * b + c
-        if denom < 0:
-            return j + float(np.clip(0.5 * (a - c) / denom, -0.5, 0.5))
-    return float(j)
 
 
 def match_data_period(period: float, data_period: float | None) -> tuple[bool | None, int | None]:
@@ -237,6 +212,8 @@ class OscillationDetector:
         self.rows = 0  # rows seen since the start: blocks end at multiples of `block`
         self.block = window // 2  # rows per block of the faint-wave test
         self.blocks: deque[np.ndarray] = deque(maxlen=BLOCKS)
+        # The long-period test's history: the run at a coarse stride (slow_wave.py).
+        self.coarse = CoarseHistory(max(window // RESOLUTION, 1))
         self.reported: list[float] = []
 
     def update(self, step: int, metrics: Mapping[str, float | None]) -> list[Finding]:
@@ -247,7 +224,10 @@ class OscillationDetector:
         self.values.append(float(x))
         self.since_test += 1
         self.rows += 1
+        self.coarse.add(int(step), float(x))
         found = self._block(step) if self.rows % self.block == 0 else []
+        if self.coarse.fresh >= EVERY:
+            found += self._slow(step)
         if self.since_test < self.interval or len(self.values) < MIN_ROWS:
             return found
         return found + self._test(step)
@@ -256,7 +236,9 @@ class OscillationDetector:
         """Test the rows seen since the last test (offline: at the end of a log)."""
         if self.since_test == 0 or not self.values:
             return []
-        return self._test(self.steps[-1] if step is None else step)
+        at = self.steps[-1] if step is None else step
+        found = self._test(at)
+        return found + (self._slow(at) if self.coarse.fresh else [])
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
         n = len(self.values)
@@ -266,7 +248,7 @@ class OscillationDetector:
     def _test(self, step: int) -> list[Finding]:
         self.since_test = 0
         wave = find_wave(*self._arrays(), self.alpha)
-        return self._report(step, wave, "Fisher's g-test")
+        return self._report(step, wave, "periodogram of one window")
 
     def _block(self, step: int) -> list[Finding]:
         """A block of `window / 2` rows is complete: keep its residual, test the last ones."""
@@ -283,6 +265,18 @@ class OscillationDetector:
         return self._report(
             step, wave, f"periodogram of the last {wave['blocks'] * self.block:.0f} rows"
         )
+
+    def _slow(self, step: int) -> list[Finding]:
+        """The long-period test over the coarse history (slow_wave.py)."""
+        self.coarse.fresh = 0
+        steps, values = self.coarse.arrays()
+        wave = find_slow_wave(steps, values, self.coarse.stride, self.alpha)
+        if wave is None:
+            return []
+        point_steps = max(float(np.median(np.diff(steps))), 1e-12)
+        if is_alias(wave["period_steps"], self.reported, point_steps):
+            return []
+        return self._report(step, wave, f"long-period test over the last {wave['rows']:.0f} rows")
 
     def _report(self, step: int, wave: dict[str, float] | None, test: str) -> list[Finding]:
         if wave is None or wave["amplitude"] < self.min_amplitude:
@@ -301,7 +295,10 @@ class OscillationDetector:
                 if matches
                 else f"; it does not match the data period {self.data_period:g}"
             )
-        windows = int(wave.get("blocks", 1))
+        rows = int(wave.get("rows", len(self.values) * wave.get("blocks", 1)))
+        # Windows' worth of rows the test covered: blocks joined, or the long test's span.
+        windows = int(wave.get("blocks", max(rows // self.window, 1)))
+        kind = "long" if "rows" in wave else ("blocks" if "blocks" in wave else "window")
         return [
             Finding.of(
                 self.code,
@@ -313,8 +310,9 @@ class OscillationDetector:
                     "period_steps": float(period),
                     "amplitude": float(wave["amplitude"]),
                     "p_value": float(wave["p_value"]),
-                    "rows": len(self.values) * windows,
+                    "rows": rows,
                     "windows": windows,
+                    "test": kind,
                     "data_period_steps": self.data_period,
                     "matches_data_period": matches,
                     "harmonic": harmonic,
@@ -329,6 +327,7 @@ class OscillationDetector:
             "since_test": self.since_test,
             "rows": self.rows,
             "blocks": [b.tolist() for b in self.blocks],
+            "coarse": self.coarse.state_dict(),
             "reported": list(self.reported),
         }
 
@@ -342,4 +341,6 @@ class OscillationDetector:
         self.rows = int(state.get("rows", len(self.values)))
         self.blocks.clear()
         self.blocks.extend(np.asarray(b, dtype=np.float64) for b in state.get("blocks", []))
+        # States saved before the long-period test have no coarse history: it starts empty.
+        self.coarse.load_state_dict(state.get("coarse", {}))
         self.reported = [float(p) for p in state["reported"]]

@@ -34,8 +34,16 @@ def clean_loss(
     floor: float = 2.0,
     scale: float = 8.0,
     exponent: float = 0.5,
+    ar1: float = 0.0,
+    hetero: bool = False,
 ) -> np.ndarray:
     """(n,) positive losses with multiplicative per-batch noise of relative std `noise`.
+
+    Batch noise is not always white and steady: `ar1` in [0, 1) correlates consecutive batches'
+    noise (an AR(1) process with the same marginal std: neighbouring batches share documents or
+    sources), and `hetero` makes its std follow the loss's fall, from 2x `noise` where the curve
+    is highest to 0.5x at its lowest (early batches disagree more). Both default off, and with
+    them off the curve is the same as before they existed (same draws).
 
     The noiseless curve is a power law in the *cumulative* learning rate S(t) (the area under
     the schedule), floor + scale * (1 + S) ** -exponent, which is how losses respond to warm-up
@@ -54,6 +62,13 @@ def clean_loss(
         eps = rng.standard_t(df=df, size=n) * noise / np.sqrt(df / (df - 2))  # std = noise
     else:
         eps = rng.normal(0.0, noise, size=n)
+    if ar1:
+        innovation = np.sqrt(1.0 - ar1 * ar1)
+        for i in range(1, n):  # x_t = a x_(t-1) + sqrt(1 - a^2) e_t keeps the std of e
+            eps[i] = ar1 * eps[i - 1] + innovation * eps[i]
+    if hetero:
+        span = max(float(loss.max() - loss.min()), 1e-12)
+        eps = eps * (0.5 + 1.5 * (loss - loss.min()) / span)
     return loss * (1.0 + eps)
 
 
