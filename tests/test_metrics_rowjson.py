@@ -112,3 +112,27 @@ def test_a_trainer_state_nested_too_deep_is_bad_input(tmp_path: Path) -> None:
     path.write_text('{"log_history": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(DataError, match="too deep"):
         list(trainer_state_rows(path))
+
+
+def test_a_lone_surrogate_is_rejected_and_a_valid_pair_kept() -> None:
+    """json.loads decodes `\\ud800` to a string no UTF-8 file can hold: `report` then raised
+    UnicodeEncodeError writing report.md (found in review)."""
+    for line in ('{"message": "\\ud800"}', '{"\\udfff": 1}', '{"x": [{"y": "a\\uDBFFb"}]}'):
+        with pytest.raises(RowRejected, match="surrogate"):
+            parse_row(line)
+    assert parse_row('{"message": "\\ud83d\\ude00"}') == {"message": "\U0001f600"}
+
+
+def test_report_skips_a_row_with_a_lone_surrogate(finished_tiny_run, tmp_path: Path) -> None:
+    import shutil
+
+    from runhelpers import invoke_cli
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_tiny_run, run)
+    with (run / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        f.write('{"kind": "finding", "code": "R101", "severity": "error", "message": "\\ud800"}\n')
+    proc = invoke_cli("report", str(run))
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "surrogate" in proc.stderr + proc.stdout
+    (run / "report.md").read_text(encoding="utf-8")  # written, valid UTF-8

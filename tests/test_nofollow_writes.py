@@ -135,3 +135,34 @@ def test_stack_dumps_never_truncate_through_a_planted_link(tmp_path: Path, victi
     finally:
         dump.disarm()
     assert victim.read_text() == "precious\n"
+
+
+def test_a_temporary_file_swapped_for_a_link_is_never_followed(
+    tmp_path: Path, victim: Path
+) -> None:
+    """Between a block's write and the rename, the temporary name is swapped for a link (as a
+    process watching the folder could): the commit must neither chmod, fsync nor install it."""
+    from trainguard.util.atomic import atomic_paths
+
+    os.chmod(victim, 0o600)
+    target = tmp_path / "run" / "report.html"
+    target.parent.mkdir()
+    with pytest.raises(OutputWriteError, match="report.html"), atomic_paths(target) as (tmp,):
+        tmp.write_text("<html>")
+        tmp.unlink()
+        tmp.symlink_to(victim)
+    assert victim.read_text() == "precious\n"
+    assert (victim.stat().st_mode & 0o777) == 0o600  # the old commit chmodded the link's target
+    assert not target.exists() and not target.is_symlink()
+    assert sorted(p.name for p in target.parent.iterdir()) == []  # no temporary left behind
+
+
+def test_temporary_files_live_in_a_folder_only_their_writer_can_enter(tmp_path: Path) -> None:
+    from trainguard.util.atomic import atomic_paths
+
+    with atomic_paths(tmp_path / "out.png") as (tmp,):
+        assert tmp.name == "out.png" and tmp.parent != tmp_path
+        assert (tmp.parent.stat().st_mode & 0o777) == 0o700
+        tmp.write_bytes(b"png")
+    assert (tmp_path / "out.png").read_bytes() == b"png"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.png"]

@@ -68,7 +68,9 @@ def test_atomic_paths_commit_together_or_not_at_all(tmp_path: Path) -> None:
     a.write_text("old")
     a.chmod(0o640)
     with atomic_paths(a, b) as (ta, tb):
-        assert ta.parent == a.parent and tb.suffix == ".png" and ta.name.startswith(".a.txt.")
+        # In a private folder beside the target, under the target's own name.
+        assert ta.parent.parent == a.parent and ta.parent.name.startswith(".a.txt.tmp-")
+        assert ta.name == "a.txt" and tb.suffix == ".png"
         ta.write_text("new a")
         tb.write_text("new b")
         assert a.read_text() == "old" and not b.exists()  # nothing visible before the end

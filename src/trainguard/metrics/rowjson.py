@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,6 +61,27 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _lone_surrogate(row: dict[str, Any]) -> bool:
+    """True when a key or string holds half of a surrogate pair: json.loads decodes a lone
+    `\\ud800` escape to a string that no UTF-8 file, report or terminal can hold."""
+    stack: list[Any] = [row]
+    while stack:
+        v = stack.pop()
+        items = [*v.keys(), *v.values()] if isinstance(v, dict) else v
+        for x in items:
+            if isinstance(x, str):
+                try:
+                    x.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+            elif isinstance(x, dict | list):
+                stack.append(x)
+    return False
+
+
 def parse_row(line: str) -> dict[str, Any]:
     """The JSON object on `line`; RowRejected when the line is not one (see the module)."""
     if len(line) > MAX_LINE_CHARS:
@@ -70,13 +92,16 @@ def parse_row(line: str) -> dict[str, Any]:
         raise RowRejected(f"values nest deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as e:
         raise RowRejected(f"not valid JSON ({e.msg})") from None
-    except ValueError as e:  # e.g. a lone surrogate escape the decoder refuses
+    except ValueError as e:  # e.g. an integer literal too long to convert
         raise RowRejected(f"not valid JSON ({e})") from None
     if not isinstance(row, dict):
         raise RowRejected("not a JSON object")
     # Only a line with enough brackets can nest that deep: most rows skip the walk.
     if line.count("[") + line.count("{") > MAX_DEPTH and _too_deep(row):
         raise RowRejected(f"values nest deeper than {MAX_DEPTH} levels")
+    # Only a line with a surrogate escape can decode to one: most rows skip the walk.
+    if _SURROGATE_ESCAPE.search(line) and _lone_surrogate(row):
+        raise RowRejected("a string holds a lone surrogate (\\ud800-\\udfff), not valid Unicode")
     return row
 
 

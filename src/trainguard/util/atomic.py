@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,12 +103,17 @@ def _failed_target(exc: OSError, pairs: list[tuple[Path, Path]]) -> Path | str |
 def atomic_paths(*targets: str | Path) -> Iterator[list[Path]]:
     """Temporary paths beside `targets`, renamed onto them only when the block succeeds.
 
-    The temporary names keep the target's suffix (matplotlib and pyarrow pick the format from
-    it). Anything the block raises removes every temporary file; an OSError about them becomes
-    an OutputWriteError naming the target.
+    The temporary names keep the target's name and suffix (matplotlib and pyarrow pick the
+    format from it). Each lives in a private folder (`mkdtemp`: mode 0700, an unpredictable
+    name) beside its target, so nobody else can swap it for a link between the block's write
+    and the rename; the commit still opens it with O_NOFOLLOW|O_NONBLOCK and takes its mode,
+    fsync and type from that descriptor, never from the name. Anything the block raises removes
+    every temporary file and folder; an OSError about them becomes an OutputWriteError naming
+    the target.
     """
     paths = [Path(t) for t in targets]
     pairs: list[tuple[Path, Path]] = []
+    private: list[Path] = []  # one 0700 folder per temporary file
     made: list[Path] = []  # folders created here, removed again (when empty) on failure
     current = paths[0] if paths else None
     committed = False
@@ -121,17 +127,20 @@ def atomic_paths(*targets: str | Path) -> Iterator[list[Path]]:
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
             made += reversed([d for d in (target.parent, *target.parent.parents) if not d.exists()])
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(
-                dir=target.parent, prefix=f".{target.name}.tmp-", suffix=target.suffix
-            )
-            os.close(fd)
-            pairs.append((Path(name), target))
+            folder = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+            private.append(folder)
+            pairs.append((folder / target.name, target))
         yield [tmp for tmp, _ in pairs]
         for tmp, target in pairs:
             mode = target.stat().st_mode & 0o7777 if target.is_file() else 0o666 & ~current_umask()
-            os.chmod(tmp, mode)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # the block made a folder or a FIFO
+                    raise IsADirectoryError(errno.EISDIR, "not a regular file", str(tmp))
+                os.fchmod(fd, mode)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         for tmp, target in pairs:
             os.replace(tmp, target)
         committed = True
@@ -146,6 +155,9 @@ def atomic_paths(*targets: str | Path) -> Iterator[list[Path]]:
         for tmp, _ in pairs:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
+        for folder in private:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         if not committed:
             for folder in reversed(made):
                 with contextlib.suppress(OSError):
@@ -154,8 +166,8 @@ def atomic_paths(*targets: str | Path) -> Iterator[list[Path]]:
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     with atomic_paths(path) as (tmp,):
-        # O_NOFOLLOW: the temporary name is ours; if it is swapped for a symlink, refuse.
-        fd = os.open(tmp, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        # O_CREAT|O_EXCL|O_NOFOLLOW: the temporary name is new, in our private folder.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
 
