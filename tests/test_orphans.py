@@ -265,3 +265,25 @@ def test_a_worker_whose_launcher_has_already_ended_stops_at_once(tmp_path: Path)
         timeout=120,
     )
     assert res.returncode == 0 and b"default" in res.stdout
+
+
+def test_a_workers_own_children_are_not_workers() -> None:
+    """A worker's subprocess (a user's tool, `trainguard report` from a hook) must not inherit
+    the launcher's name: it would die with the launcher, or kill itself at start once the
+    launcher had ended (found in review)."""
+    from trainguard.util.processes import LAUNCHER_ENV, launcher_token
+
+    script = (
+        "import os, sys\n"
+        "from trainguard.util.processes import die_with_launcher, LAUNCHER_ENV\n"
+        "die_with_launcher()\n"
+        "sys.stdout.write(repr(os.environ.get(LAUNCHER_ENV)))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, LAUNCHER_ENV: launcher_token()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0 and res.stdout == "None", (res.stdout, res.stderr)

@@ -172,7 +172,11 @@ def die_with_launcher(token: str | None = None) -> None:
     """In a worker: be SIGKILLed when the launcher `token` names ends (default: LAUNCHER_ENV;
     nothing without one). Ends this process at once when the launcher has ended already."""
     global _watched
-    token = os.environ.get(LAUNCHER_ENV, "") if token is None else token
+    if token is None:
+        # Taken out of the environment: this worker's own children (a user's subprocess, a
+        # `trainguard report` from a hook) are not workers, and must not die with the launcher
+        # or, once it has ended, kill themselves at start. A launcher names its own workers.
+        token = os.environ.pop(LAUNCHER_ENV, "")
     pid_text, _, start = token.partition(":")
     if not pid_text.isdigit() or _watched == (os.getpid(), token):
         return
@@ -231,7 +235,9 @@ def _watch(pid: int, start: str) -> None:
     else:
         # Checked after the open: the pidfd then refers to the launcher, not to a reused pid.
         if _alive(pid, start):
-            select.select([fd], [], [])  # readable once the process has ended
+            poller = select.poll()  # select() refuses descriptors from 1024 up
+            poller.register(fd, select.POLLIN)
+            poller.poll()  # readable once the process has ended
     _die()
 
 
