@@ -247,6 +247,29 @@ register(
             "PyTorch Flight Recorder for NCCL collectives",
         ),
     ),
+    Code(
+        code="R302",
+        title="Dead rank: a rank exited or was killed",
+        severity="error",
+        catches="A rank's process ended (an exit, a crash, a SIGKILL from the OOM killer or a "
+        "scheduler) while the others trained. A surviving rank whose collective fails checks "
+        "its peers' processes (their pids, gathered at start) and names the dead ones, with the "
+        "exit signal or status when the kernel still holds it; `trainguard run --nproc` and "
+        "`doctor --nproc` name each dead worker with the status the launcher saw. Within "
+        "seconds: a gloo peer's closed connection fails the collective at once.",
+        why="Without it a crash looks like a hang: the survivors wait out their collective and "
+        "barrier timeouts (minutes) and report R301 naming nobody; only the launcher's own log "
+        "says which local rank died and how.",
+        fix="Read the dead rank's own log for its last error; signal 9 (SIGKILL) is most often "
+        "the kernel's OOM killer (`dmesg`, the node's memory) or the scheduler. The survivors "
+        "exit with status 3 so the launcher (`--max-restarts`) restarts the job and auto-resume "
+        "continues from the last verified checkpoint. If the same host loses ranks again, run "
+        "`trainguard doctor` on it.",
+        false_positives="None known: a rank whose process is gone is dead. A rank on another "
+        "host cannot be checked from here; its death may still read as R301 from the "
+        "survivors, and its own launcher names it.",
+        references=("torch.distributed.elastic ChildFailedError (the agent's exit codes)",),
+    ),
 )
 
 # --- R4xx fire drills (`trainguard drill`) whose fault was missed ---------------------------------

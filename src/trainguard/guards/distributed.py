@@ -21,19 +21,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import torch
 
+from trainguard.codes import get_code
 from trainguard.config.distributed import DistributedConfig
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.guards.decision import Decision
 from trainguard.guards.group import MonitorGroup, shorten_default_timeout
-from trainguard.guards.hang import hung_rank_finding
+from trainguard.guards.hang import dead_rank_finding, hung_rank_finding
+from trainguard.guards.peers import Death, dead_peers
 from trainguard.guards.replica import (
     compare_replicas,
     merge_sets,
@@ -43,9 +47,14 @@ from trainguard.guards.replica import (
 )
 from trainguard.monitors.hang_report import SigtermStackDump, report_path, write_hang_report
 from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
+from trainguard.monitors.timeouts import StepTimes, derived_timeout
 
 T = TypeVar("T")
 STATE_VERSION = 1
+# How a peer's death reads in gloo's (and nccl's) errors: its connection closed under us.
+_PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|connection refused", re.I)
+BUDGET_PHASES = ("checkpoint", "eval")  # phases with a timeout of their own, not a step time
+DEAD_PEER_WAIT_S = 3.0  # a killed peer's sockets close before the kernel marks it exited
 
 
 class DistributedGuards:
@@ -80,6 +89,13 @@ class DistributedGuards:
         self._phases_marked = False
         self._told_no_replicas = False
         self._sigterm = SigtermStackDump(self.run_dir, self.rank) if self.active else None
+        if self.active:
+            # Load the code registry now: when a peer dies, the launcher stops the survivors
+            # within a fraction of a second, too soon for the first import of every code module.
+            get_code("R302")
+        self.step_times = StepTimes()
+        self.applied_timeout_s: float | None = None  # the default group's, once warm
+        self._budget: str | None = None  # the budget phase the loop is in (checkpoint, eval)
 
     @property
     def active(self) -> bool:
@@ -123,11 +139,82 @@ class DistributedGuards:
 
     # -- phases --------------------------------------------------------------------------------
     def mark(self, phase: str) -> None:
-        """The loop enters `phase` (data, forward, backward, optimizer; others pause the timer)."""
+        """The loop enters `phase` (data, forward, backward, optimizer; others pause the timer).
+        `checkpoint` and `eval` run under their own collective timeout budget."""
         self.phase_name = phase
         if self.active:
             self._phases_marked = True
             self.timer.mark(phase)
+            self._enter_budget(phase if phase in BUDGET_PHASES else None)
+
+    # -- timeouts ------------------------------------------------------------------------------
+    def _derived(self, ceiling_s: float) -> float | None:
+        c = self.config
+        if not c.derive_timeouts:
+            return None
+        return derived_timeout(
+            self.step_times.durations,
+            factor=c.timeout_factor,
+            q=c.timeout_percentile,
+            floor_s=c.timeout_floor_s,
+            ceiling_s=ceiling_s,
+        )
+
+    def collective_timeout_s(self) -> float:
+        """The gradient group's timeout after warm-up: derived from the step times (ceiling
+        `collective_timeout_s`) once enough were seen, else `collective_timeout_s`."""
+        fixed = self.config.collective_timeout_s
+        derived = self._derived(fixed)
+        return fixed if derived is None else derived
+
+    def hang_timeout_s(self) -> float:
+        """The monitored barriers' timeout: derived like the collective one (ceiling
+        `hang_timeout_s`), else `hang_timeout_s`."""
+        fixed = self.config.hang_timeout_s
+        derived = self._derived(fixed)
+        return fixed if derived is None else derived
+
+    def _budget_s(self, phase: str) -> float:
+        c = self.config
+        return c.checkpoint_timeout_s if phase == "checkpoint" else c.eval_timeout_s
+
+    def _enter_budget(self, budget: str | None) -> None:
+        """Give the default group the budget's timeout while the loop is in a checkpoint or an
+        evaluation, and the step timeout back after it; before warm-up the start-up timeout
+        (`init_timeout_s`) stands."""
+        if budget == self._budget:
+            return
+        self._budget = budget
+        if budget is not None:
+            self.step_times.skip_this_step()
+        if self.applied_timeout_s is None:
+            return  # still warming up
+        shorten_default_timeout(
+            self._budget_s(budget) if budget is not None else self.applied_timeout_s
+        )
+
+    @contextlib.contextmanager
+    def budget(self, phase: str) -> Iterator[None]:
+        """Run the block under `phase`'s collective timeout budget (checkpoint, eval) without
+        marking a phase: a checkpoint load inside a rollback."""
+        prev = self._budget
+        if self.active:
+            self._enter_budget(phase)
+        try:
+            yield
+        finally:
+            if self.active:
+                self._enter_budget(prev)
+
+    def _apply_step_timeout(self) -> None:
+        """After warm-up, at a step boundary: the default group gets the current collective
+        timeout when it changed by more than 10% (each change is a call into the backend)."""
+        t = self.collective_timeout_s()
+        old = self.applied_timeout_s
+        if old is None or abs(t - old) > 0.1 * old:
+            self.applied_timeout_s = t
+            if self._budget is None:
+                shorten_default_timeout(t)
 
     @contextlib.contextmanager
     def phase(self, name: str, step: int) -> Iterator[None]:
@@ -220,8 +307,9 @@ class DistributedGuards:
         if not self.active:
             return []
         self.steps_run += 1
-        if self.steps_run == self.config.warmup_steps:
-            shorten_default_timeout(self.config.collective_timeout_s)
+        if self.warm:  # warm-up steps (compiling, the first data) are no step times
+            self.step_times.boundary(time.monotonic())
+            self._apply_step_timeout()
         found: list[Finding] = []
         k = self.config.straggler_interval
         if k and step % k == 0:
@@ -230,7 +318,7 @@ class DistributedGuards:
             self.last_timings = self.guarded(step, self.group.all_gather_object, timing)
             found = self.stragglers.update(step, self.last_timings, self.group.hosts)
         if self.warm and self.config.step_barrier:
-            self.barrier(step, self.config.hang_timeout_s)
+            self.barrier(step, self.hang_timeout_s())
         if not self._phases_marked:
             # A loop that marks no phases: the whole next step counts as busy time.
             self.timer.mark("forward")
@@ -288,26 +376,63 @@ class DistributedGuards:
     def diagnose(
         self, step: int, cause: BaseException, barrier_error: BaseException | None = None
     ) -> NoReturn:
-        """Name the ranks that did not arrive, dump this process's stacks, exit for a restart.
+        """Name the dead ranks (R302) or the ranks that did not arrive (R301), dump this
+        process's stacks, exit for a restart.
 
-        If every rank does reach the diagnosis barrier, nobody hung: the failure was an
-        ordinary error, and it is raised as such."""
+        A peer whose process ended is dead, not hung: that is checked first (gloo fails the
+        collective at once when a peer's connection closes). If every rank does reach the
+        diagnosis barrier, nobody hung: the failure was an ordinary error, raised as such."""
         group = self.group
         assert group is not None
         phase = self.phase_name
+        self._report_dead(step, phase, self._dead_peers(str(cause)))
         if barrier_error is None:
             try:
-                group.barrier(self.config.hang_timeout_s, wait_all_ranks=True)
+                group.barrier(self.hang_timeout_s(), wait_all_ranks=True)
             except RuntimeError as e:
                 barrier_error = e
             else:
                 raise cause
+        self._report_dead(step, phase, self._dead_peers(str(barrier_error)))
         txt = report_path(self.run_dir, group.rank)
         finding = hung_rank_finding(
-            step, phase, cause, barrier_error, group, self.config.hang_timeout_s, txt.name
+            step, phase, cause, barrier_error, group, self.hang_timeout_s(), txt.name
         )
+        self._report_and_exit(txt, finding)
+
+    def _dead_peers(self, error: str) -> dict[int, Death]:
+        """The peers on this host whose process ended. After a closed connection, the peer may
+        still be exiting: it is looked at again for up to `DEAD_PEER_WAIT_S`."""
+        assert self.group is not None
+        deadline = time.monotonic() + (DEAD_PEER_WAIT_S if _PEER_GONE.search(error) else 0.0)
+        while True:
+            dead = dead_peers(self.group.processes, self.group.rank)
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
+
+    def _report_dead(self, step: int, phase: str, dead: dict[int, Death]) -> None:
+        if not dead:
+            return
+        assert self.group is not None
+        txt = report_path(self.run_dir, self.group.rank)
+        finding = dead_rank_finding(
+            dead,
+            self.group.hosts,
+            step=step,
+            phase=phase,
+            reporter=f"rank {self.group.rank}",
+            stack_file=txt.name,
+        )
+        self._report_and_exit(txt, finding)
+
+    def _report_and_exit(self, txt: Path, finding: Finding) -> NoReturn:
+        assert self.group is not None
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        header = f"trainguard R301 on rank {group.rank} (pid {os.getpid()}): {finding.message}"
+        header = (
+            f"trainguard {finding.code} on rank {self.group.rank} (pid {os.getpid()}): "
+            f"{finding.message}"
+        )
         write_hang_report(txt, header, finding)
         if self.on_hang is not None:
             self.on_hang(finding)

@@ -9,10 +9,13 @@ does not cut it off.
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 from typing import Any
 
 import torch.distributed as dist
+
+from trainguard.guards.peers import Peer, process_start
 
 
 def _td(seconds: float) -> datetime.timedelta:
@@ -22,12 +25,22 @@ def _td(seconds: float) -> datetime.timedelta:
 class MonitorGroup:
     """This process's rank among `size`, every rank's host, and the collectives on the group."""
 
-    def __init__(self, group: Any, rank: int, size: int, hosts: list[str], timeout_s: float):
+    def __init__(
+        self,
+        group: Any,
+        rank: int,
+        size: int,
+        hosts: list[str],
+        timeout_s: float,
+        processes: list[Peer] | None = None,
+    ):
         self.group = group
         self.rank = rank
         self.size = size
         self.hosts = hosts
         self.timeout_s = timeout_s
+        # Every rank's process (pid, start time): a survivor checks its peers on its own host.
+        self.processes = processes or []
 
     @classmethod
     def create(cls, timeout_s: float) -> MonitorGroup | None:
@@ -38,8 +51,10 @@ class MonitorGroup:
         group = dist.new_group(backend="gloo", timeout=_td(timeout_s))
         rank, size = dist.get_rank(), dist.get_world_size()
         out: list[Any] = [None] * size
-        dist.all_gather_object(out, socket.gethostname(), group=group)
-        return cls(group, rank, size, [str(h) for h in out], timeout_s)
+        me = (socket.gethostname(), os.getpid(), process_start(os.getpid()))
+        dist.all_gather_object(out, me, group=group)
+        peers = [Peer(str(h), int(pid), start) for h, pid, start in out]
+        return cls(group, rank, size, [p.host for p in peers], timeout_s, peers)
 
     def where(self, rank: int) -> str:
         """'rank R (host)', for messages."""

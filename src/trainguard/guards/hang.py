@@ -1,4 +1,5 @@
-"""The hung-rank finding (R301): who did not arrive at the monitored barrier, from its error.
+"""The hung-rank finding (R301): who did not arrive at the monitored barrier, from its error;
+and the dead-rank finding (R302): whose process ended, as a survivor or the launcher saw it.
 
 gloo's monitored barrier fails on rank 0 with "Ranks 1, 3 failed to pass monitoredBarrier in
 2000 ms": only rank 0 learns who is missing; every other rank learns that rank 0 did not answer.
@@ -11,6 +12,7 @@ import re
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.guards.group import MonitorGroup
+from trainguard.guards.peers import Death
 
 _MISSING = re.compile(r"Ranks? ([\d,\s]+?) failed to pass monitoredBarrier")
 
@@ -54,4 +56,47 @@ def hung_rank_finding(
             "stack_file": stack_file,
             "exit_status": ExitStatus.HANG,
         },
+    )
+
+
+def dead_rank_finding(
+    dead: dict[int, Death],
+    hosts: list[str],
+    *,
+    step: int | None = None,
+    phase: str | None = None,
+    reporter: str = "",
+    stack_file: str | None = None,
+) -> Finding:
+    """R302 naming every dead rank (host, signal or status where known). `reporter` says who
+    saw it: 'rank 0' (a survivor) or 'the launcher'."""
+    ranks = sorted(dead)
+
+    def host(r: int) -> str:
+        return hosts[r] if 0 <= r < len(hosts) else "?"
+
+    who = "; ".join(f"rank {r} ({host(r)}) {dead[r].describe()}" for r in ranks)
+    at = f" at step {step} (phase {phase!r})" if step is not None else ""
+    seen = f", seen by {reporter}" if reporter else ""
+    first = dead[ranks[0]] if len(ranks) == 1 else Death()
+    data = {
+        "dead_ranks": ranks,
+        "dead_hosts": [host(r) for r in ranks],
+        "exit_signals": {str(r): dead[r].signal for r in ranks},
+        "exit_statuses": {str(r): dead[r].status for r in ranks},
+        "signal": first.signal,
+        "status": first.status,
+        "reporter": reporter,
+        "phase": phase,
+        "exit_status": ExitStatus.HANG,
+    }
+    if stack_file is not None:
+        data["stack_file"] = stack_file
+    return Finding.of(
+        "R302",
+        f"dead rank{at}: {who}{seen}",
+        step=step,
+        rank=ranks[0] if len(ranks) == 1 else None,
+        where=", ".join(dict.fromkeys(host(r) for r in ranks)) or None,
+        data=data,
     )
