@@ -44,8 +44,9 @@ def test_floor_ceiling_and_too_few_samples() -> None:
     slow = [100.0] * 20
     assert derived_timeout(slow, factor=10, q=99, floor_s=15, ceiling_s=300) == 300
     assert derived_timeout([1.0] * 4, factor=10, q=99, floor_s=1, min_samples=5) is None
-    # The floor wins if a ceiling is set below it.
-    assert derived_timeout(slow, factor=10, q=99, floor_s=50, ceiling_s=20) == 50
+    # A ceiling below the floor caps it: never longer than the fixed timeout it replaces.
+    assert derived_timeout(slow, factor=10, q=99, floor_s=50, ceiling_s=20) == 20
+    assert derived_timeout(fast, factor=10, q=99, floor_s=50, ceiling_s=20) == 20
     assert derived_timeout(slow, factor=10, q=99, floor_s=1) == 1000  # no ceiling: math.inf
 
 

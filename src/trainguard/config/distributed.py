@@ -40,7 +40,8 @@ class DistributedConfig(StrictModel):
     """The percentile of recent step times the derived timeouts scale (99: the slow steps
     that do happen, not the typical one)."""
     timeout_floor_s: float = Field(15.0, gt=0.0)
-    """The least a derived timeout waits, however short the steps (jitter, a loaded host)."""
+    """The least a derived timeout waits, however short the steps (jitter, a loaded host);
+    never more than its ceiling (`collective_timeout_s`, `hang_timeout_s`)."""
     checkpoint_timeout_s: float = Field(1800.0, gt=0.0)
     """Collective timeout while the loop is in its `checkpoint` phase (a sharded save's
     collectives wait for the slowest writer): a budget of its own, not a step time."""

@@ -43,11 +43,12 @@ def derived_timeout(
     min_samples: int = MIN_SAMPLES,
 ) -> float | None:
     """max(floor_s, min(ceiling_s, factor * p_q(durations))), or None with fewer than
-    `min_samples` durations. The floor wins over the ceiling if they cross."""
+    `min_samples` durations. A ceiling below the floor lowers the floor: a derived timeout
+    never waits longer than the fixed value it replaces (a user's short fixed timeout stands)."""
     xs = list(durations)
     if len(xs) < min_samples:
         return None
-    return max(floor_s, min(ceiling_s, factor * percentile(xs, q)))
+    return max(min(floor_s, ceiling_s), min(ceiling_s, factor * percentile(xs, q)))
 
 
 class StepTimes:
