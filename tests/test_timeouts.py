@@ -18,6 +18,7 @@ from trainguard.config.distributed import DistributedConfig
 from trainguard.guards.distributed import DistributedGuards
 from trainguard.guards.hang import dead_rank_finding
 from trainguard.guards.peers import Death, Peer, dead_peers, peer_death, process_start
+from trainguard.guards.timeouts import GroupTimeouts
 from trainguard.monitors.timeouts import StepTimes, derived_timeout, percentile
 
 
@@ -63,22 +64,60 @@ def test_step_times_leave_out_budget_steps() -> None:
 def test_guard_timeouts_derived_fixed_and_budgets() -> None:
     part = DistributedGuards(DistributedConfig())  # one process: the rule, no collectives
     assert part.collective_timeout_s() == 300 and part.hang_timeout_s() == 60  # nothing seen
-    part.step_times.durations.extend([1.0] * 10)  # 1 s steps
+    part.timeouts.step_times.durations.extend([1.0] * 10)  # 1 s steps
     assert part.collective_timeout_s() == pytest.approx(15.0)  # max(15, 10 * 1.0)
     assert part.hang_timeout_s() == pytest.approx(15.0)
-    part.step_times.durations.extend([3.0] * 10)  # slower steps raise it, up to the ceiling
+    part.timeouts.step_times.durations.extend(
+        [3.0] * 10
+    )  # slower steps raise it, up to the ceiling
     assert part.collective_timeout_s() == pytest.approx(30.0)
-    part.step_times.durations.extend([30.0] * 10)
+    part.timeouts.step_times.durations.extend([30.0] * 10)
     assert part.collective_timeout_s() == 300 and part.hang_timeout_s() == 60  # the ceilings
-    assert part._budget_s("checkpoint") == 1800 and part._budget_s("eval") == 1800
+    assert part.timeouts.budget_s("checkpoint") == 1800 and part.timeouts.budget_s("eval") == 1800
 
     fixed = DistributedGuards(DistributedConfig(derive_timeouts=False, hang_timeout_s=7))
-    fixed.step_times.durations.extend([1.0] * 10)
+    fixed.timeouts.step_times.durations.extend([1.0] * 10)
     assert fixed.collective_timeout_s() == 300 and fixed.hang_timeout_s() == 7
     tuned = DistributedConfig(timeout_factor=3, timeout_percentile=50, timeout_floor_s=2)
     part = DistributedGuards(tuned)
-    part.step_times.durations.extend([1.0] * 9 + [9.0])
+    part.timeouts.step_times.durations.extend([1.0] * 9 + [9.0])
     assert part.collective_timeout_s() == pytest.approx(3.0)  # 3 x median, not the slow step
+
+
+def test_budgets_switch_the_default_groups_timeout(tmp_path) -> None:
+    """A real (one-process gloo) default group: the step timeout once warm, the checkpoint and
+    eval budgets while in those phases, the step timeout back after them."""
+    import torch
+    import torch.distributed as dist
+
+    def group_timeout() -> float:
+        group = dist.distributed_c10d._get_default_group()
+        return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 's'}", rank=0, world_size=1)
+    try:
+        start = group_timeout()
+        config = DistributedConfig(checkpoint_timeout_s=600, eval_timeout_s=900)
+        t = GroupTimeouts(config)
+        t.enter("checkpoint")  # warming up: the start-up timeout stands
+        assert group_timeout() == start
+        t.enter("data")
+        now = 0.0
+        for _ in range(7):  # 1 s steps: 6 timed, the step timeout is the floor
+            now += 1.0
+            t.step_boundary(now)
+        assert t.applied_s == pytest.approx(15.0) and group_timeout() == pytest.approx(15.0)
+        t.enter("checkpoint")
+        assert group_timeout() == 600
+        now += 200.0  # a long save: its step is no step time
+        t.enter("data")
+        t.step_boundary(now)
+        assert group_timeout() == pytest.approx(15.0) and max(t.step_times.durations) == 1.0
+        with t.budget("eval"):
+            assert group_timeout() == 900
+        assert group_timeout() == pytest.approx(15.0)
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(

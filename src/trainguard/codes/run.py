@@ -226,10 +226,12 @@ register(
         code="R301",
         title="Hung rank: a rank did not reach a collective or the step boundary",
         severity="error",
-        catches="After warm-up, collectives run with a short timeout "
-        "(`distributed.collective_timeout_s`) and the ranks meet in a gloo monitored barrier "
+        catches="After warm-up, collectives run with a short timeout (derived from the run's "
+        "step times: max(`distributed.timeout_floor_s`, min(`collective_timeout_s`, "
+        "`timeout_factor` x p99 step time))) and the ranks meet in a gloo monitored barrier "
         "at step boundaries. On a timeout every surviving rank enters a monitored barrier "
-        "(`wait_all_ranks=True`, `distributed.hang_timeout_s`) that names the ranks which did "
+        "(`wait_all_ranks=True`, the hang timeout, derived the same way under "
+        "`distributed.hang_timeout_s`) that names the ranks which did "
         "not arrive; their hosts, the phase and step are recorded and the stacks of this "
         "process dumped to RUN_DIR/hang-<time>-rank<r>.txt.",
         why="A collective timeout by itself says only that someone did not answer, after tens "
@@ -240,8 +242,10 @@ register(
         "link and collective with timeouts) and drain what it names; read the stack dump for "
         "where it stopped.",
         false_positives="A rank that is merely much slower than the timeout (a huge first "
-        "step, a long evaluation on one rank); raise `distributed.collective_timeout_s` or "
-        "`distributed.warmup_steps`.",
+        "step, a long evaluation on one rank, a checkpoint save outside a `checkpoint` phase); "
+        "mark checkpoints and evaluations with `guard.phase('checkpoint'|'eval', step)` (they "
+        "have budgets of their own), raise `distributed.timeout_floor_s` or "
+        "`distributed.warmup_steps`, or set `distributed.derive_timeouts: false`.",
         references=(
             "torch.distributed.monitored_barrier",
             "PyTorch Flight Recorder for NCCL collectives",

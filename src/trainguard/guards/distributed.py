@@ -1,5 +1,6 @@
-"""`DistributedGuards`: replica hashes (H201), stragglers (H202) and hung ranks (R301) for any
-torchrun loop. `Guard(..., distributed=True)` owns one; `trainguard run` uses the same part.
+"""`DistributedGuards`: replica hashes (H201), stragglers (H202), hung ranks (R301) and dead
+ranks (R302) for any torchrun loop. `Guard(..., distributed=True)` owns one; `trainguard run`
+uses the same part.
 
 Per step, in a data-parallel loop (every rank makes the same calls):
 
@@ -10,11 +11,17 @@ Per step, in a data-parallel loop (every rank makes the same calls):
     found += part.after_step(step)              # H202 every K steps; the monitored barrier
 
 With one process every call is a no-op. Hung ranks: after `warmup_steps` steps the default
-group's timeout becomes `collective_timeout_s`; a collective that fails (a rank did not come)
+group's timeout becomes the collective timeout; a collective that fails (a rank did not come)
 sends every surviving rank into a monitored barrier on the gloo monitor group that names the
-ranks that did not arrive within `hang_timeout_s`; each survivor writes a hang report (its
+ranks that did not arrive within the hang timeout; each survivor writes a hang report (its
 stacks and the R301 finding) and exits with status 3 for the launcher to restart the job. A
 rank stuck outside any collective is caught by the monitored barrier at every step boundary.
+Both timeouts are derived from the step times (monitors/timeouts.py: max(floor, min(fixed
+value, factor x p99))), with budgets of their own for the `checkpoint` and `eval` phases.
+
+Dead ranks: a peer whose process ended (a gloo collective fails at once when its connection
+closes) is named as dead (R302, guards/peers.py: the survivors look at their same-host peers'
+pids) before any hang diagnosis, with its signal or exit status while the kernel holds it.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from trainguard.config.distributed import DistributedConfig
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.guards.decision import Decision
-from trainguard.guards.group import MonitorGroup, shorten_default_timeout
+from trainguard.guards.group import MonitorGroup
 from trainguard.guards.hang import dead_rank_finding, hung_rank_finding
 from trainguard.guards.peers import Death, dead_peers
 from trainguard.guards.replica import (
@@ -45,15 +52,14 @@ from trainguard.guards.replica import (
     replica_digest,
     replica_sets,
 )
+from trainguard.guards.timeouts import GroupTimeouts
 from trainguard.monitors.hang_report import SigtermStackDump, report_path, write_hang_report
 from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
-from trainguard.monitors.timeouts import StepTimes, derived_timeout
 
 T = TypeVar("T")
 STATE_VERSION = 1
 # How a peer's death reads in gloo's (and nccl's) errors: its connection closed under us.
 _PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|connection refused", re.I)
-BUDGET_PHASES = ("checkpoint", "eval")  # phases with a timeout of their own, not a step time
 DEAD_PEER_WAIT_S = 3.0  # a killed peer's sockets close before the kernel marks it exited
 
 
@@ -93,9 +99,7 @@ class DistributedGuards:
             # Load the code registry now: when a peer dies, the launcher stops the survivors
             # within a fraction of a second, too soon for the first import of every code module.
             get_code("R302")
-        self.step_times = StepTimes()
-        self.applied_timeout_s: float | None = None  # the default group's, once warm
-        self._budget: str | None = None  # the budget phase the loop is in (checkpoint, eval)
+        self.timeouts = GroupTimeouts(self.config)
 
     @property
     def active(self) -> bool:
@@ -145,76 +149,26 @@ class DistributedGuards:
         if self.active:
             self._phases_marked = True
             self.timer.mark(phase)
-            self._enter_budget(phase if phase in BUDGET_PHASES else None)
+            self.timeouts.enter(phase)
 
     # -- timeouts ------------------------------------------------------------------------------
-    def _derived(self, ceiling_s: float) -> float | None:
-        c = self.config
-        if not c.derive_timeouts:
-            return None
-        return derived_timeout(
-            self.step_times.durations,
-            factor=c.timeout_factor,
-            q=c.timeout_percentile,
-            floor_s=c.timeout_floor_s,
-            ceiling_s=ceiling_s,
-        )
-
     def collective_timeout_s(self) -> float:
-        """The gradient group's timeout after warm-up: derived from the step times (ceiling
-        `collective_timeout_s`) once enough were seen, else `collective_timeout_s`."""
-        fixed = self.config.collective_timeout_s
-        derived = self._derived(fixed)
-        return fixed if derived is None else derived
+        """The gradient group's timeout after warm-up (guards/timeouts.py)."""
+        return self.timeouts.collective_s()
 
     def hang_timeout_s(self) -> float:
-        """The monitored barriers' timeout: derived like the collective one (ceiling
-        `hang_timeout_s`), else `hang_timeout_s`."""
-        fixed = self.config.hang_timeout_s
-        derived = self._derived(fixed)
-        return fixed if derived is None else derived
-
-    def _budget_s(self, phase: str) -> float:
-        c = self.config
-        return c.checkpoint_timeout_s if phase == "checkpoint" else c.eval_timeout_s
-
-    def _enter_budget(self, budget: str | None) -> None:
-        """Give the default group the budget's timeout while the loop is in a checkpoint or an
-        evaluation, and the step timeout back after it; before warm-up the start-up timeout
-        (`init_timeout_s`) stands."""
-        if budget == self._budget:
-            return
-        self._budget = budget
-        if budget is not None:
-            self.step_times.skip_this_step()
-        if self.applied_timeout_s is None:
-            return  # still warming up
-        shorten_default_timeout(
-            self._budget_s(budget) if budget is not None else self.applied_timeout_s
-        )
+        """The monitored barriers' timeout (guards/timeouts.py)."""
+        return self.timeouts.hang_s()
 
     @contextlib.contextmanager
     def budget(self, phase: str) -> Iterator[None]:
         """Run the block under `phase`'s collective timeout budget (checkpoint, eval) without
         marking a phase: a checkpoint load inside a rollback."""
-        prev = self._budget
-        if self.active:
-            self._enter_budget(phase)
-        try:
+        if not self.active:
             yield
-        finally:
-            if self.active:
-                self._enter_budget(prev)
-
-    def _apply_step_timeout(self) -> None:
-        """After warm-up, at a step boundary: the default group gets the current collective
-        timeout when it changed by more than 10% (each change is a call into the backend)."""
-        t = self.collective_timeout_s()
-        old = self.applied_timeout_s
-        if old is None or abs(t - old) > 0.1 * old:
-            self.applied_timeout_s = t
-            if self._budget is None:
-                shorten_default_timeout(t)
+            return
+        with self.timeouts.budget(phase):
+            yield
 
     @contextlib.contextmanager
     def phase(self, name: str, step: int) -> Iterator[None]:
@@ -308,8 +262,7 @@ class DistributedGuards:
             return []
         self.steps_run += 1
         if self.warm:  # warm-up steps (compiling, the first data) are no step times
-            self.step_times.boundary(time.monotonic())
-            self._apply_step_timeout()
+            self.timeouts.step_boundary(time.monotonic())
         found: list[Finding] = []
         k = self.config.straggler_interval
         if k and step % k == 0:
