@@ -950,6 +950,17 @@ ROWS = [
         *("doctor", "{tiny}", "--nproc", "100000"),
         says=("--nproc 100000", "CPU core", "--oversubscribe", "nothing was started"),
     ),
+    # issue 23: dead ranks (a planted kill: never rank 0, at most one round that ends the group)
+    row(
+        "doctor-kill-rank-0",
+        *("doctor", "{tiny}", "--inject", "kill/r0"),
+        says=("kill/r0", "rank 0", "kill/rR with R >= 1"),
+    ),
+    row(
+        "doctor-kill-and-hang",
+        *("doctor", "{tiny}", "--nproc", "2", "--inject", "kill/r1", "--inject", "hang/r1"),
+        says=("2 hang or kill rounds", "at most one"),
+    ),
     # --- eval -----------------------------------------------------------------------------
     row("eval-device-foo", "eval", "{empty_run}", "--device", "foo", says=("--device",)),
     row("eval-spec-not-utf8", "eval", "{empty_run}", "--spec", "{spec_bad}", says=("UTF-8",)),

@@ -23,10 +23,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from runhelpers import run_cli
 from trainguard import Guard
 from trainguard.config.distributed import DistributedConfig
+from trainguard.train.launch import dead_workers
 
 pytestmark = pytest.mark.xdist_group("timing-serial")
 
@@ -103,6 +105,28 @@ def test_killed_rank_is_named_dead_with_its_signal(tmp_path: Path) -> None:
             if p.is_alive():
                 p.kill()
     assert rank1.exitcode == -signal.SIGKILL
+
+
+# -- the launcher's view ------------------------------------------------------------------------
+def _failure(local_rank: int, exitcode: int) -> ProcessFailure:
+    return ProcessFailure(
+        local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode, error_file=""
+    )
+
+
+def test_the_launcher_names_the_dead_worker_not_the_ones_it_stopped() -> None:
+    # Rank 1 killed; rank 0 then stopped by the agent (SIGTERM): rank 1 is the dead one.
+    (f,) = dead_workers({0: _failure(0, -signal.SIGTERM), 1: _failure(1, -signal.SIGKILL)})
+    assert (f.code, f.rank, f.data["signal"]) == ("R302", 1, signal.SIGKILL)
+    assert f.where == socket.gethostname() and "seen by the launcher" in f.message
+    # A survivor that exited 3 (it named the dead rank) is not dead; an exit status is named.
+    (f,) = dead_workers({0: _failure(0, 3), 1: _failure(1, 1)})
+    assert (f.rank, f.data["status"], f.data["signal"]) == (1, 1, None)
+    assert "exited with status 1" in f.message
+    # Stopped from outside with SIGTERM and nothing else: that rank is named.
+    (f,) = dead_workers({0: _failure(0, -signal.SIGTERM)})
+    assert (f.rank, f.data["signal"]) == (0, signal.SIGTERM)
+    assert dead_workers({0: _failure(0, 3), 1: _failure(1, 3)}) == []  # a hang: R301, not dead
 
 
 # -- a hang in a short step, default timeouts ------------------------------------------------

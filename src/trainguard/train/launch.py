@@ -27,6 +27,7 @@ the survivors that diagnosed it (or a hang), not dead ones.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -89,13 +90,21 @@ class Launched:
 
 
 def dead_workers(failures: dict[int, Any]) -> list[Finding]:
-    """R302 for the failed workers (global rank -> the agent's ProcessFailure) that died: every
-    one but those that exited with status 3 (survivors that named a dead or hung rank)."""
+    """R302 for the failed workers (global rank -> the agent's ProcessFailure) that died. Not
+    those that exited with status 3 (survivors that named a dead or hung rank), nor those the
+    agent itself stopped with SIGTERM after the first failure (unless SIGTERM is all there is:
+    then the first one, by time, was stopped from outside)."""
+    codes = {int(rank): int(f.exitcode) for rank, f in failures.items()}
     dead = {
-        int(rank): Death.from_exitcode(int(f.exitcode))
-        for rank, f in failures.items()
-        if int(f.exitcode) != ExitStatus.HANG
+        r: Death.from_exitcode(c)
+        for r, c in codes.items()
+        if c not in (ExitStatus.HANG, -signal.SIGTERM)
     }
+    if not dead:
+        stopped = [r for r, c in codes.items() if c == -signal.SIGTERM]
+        if stopped:
+            first = min(stopped, key=lambda r: failures[r].timestamp)
+            dead = {first: Death.from_exitcode(codes[first])}
     if not dead:
         return []
     hosts = [socket.gethostname()] * (max(dead) + 1)  # local workers: this host
