@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,14 @@ from pydantic import ValidationError
 from trainguard.config.distributed import DistributedConfig
 from trainguard.guards.distributed import DistributedGuards
 from trainguard.guards.hang import dead_rank_finding
-from trainguard.guards.peers import Death, Peer, dead_peers, peer_death, process_start
+from trainguard.guards.peers import (
+    Death,
+    Peer,
+    dead_peers,
+    peer_death,
+    process_start,
+    this_process,
+)
 from trainguard.guards.timeouts import GroupTimeouts
 from trainguard.monitors.timeouts import StepTimes, derived_timeout, percentile
 
@@ -138,26 +144,27 @@ def test_timeout_keys_are_checked(key: str, value: object) -> None:
 
 # -- dead peers ------------------------------------------------------------------------------
 def test_a_killed_peer_is_dead_with_its_signal_a_live_one_is_not() -> None:
-    me = Peer("", os.getpid(), process_start(os.getpid()))
+    me = this_process()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        host = socket.gethostname()
-        peer = Peer(host, child.pid, process_start(child.pid))
-        assert peer_death(peer) is None  # running
+        peer = Peer(me.host, child.pid, process_start(child.pid), me.space)
+        assert peer_death(peer) is None and dead_peers([me, peer], 0) == {}  # running
         os.kill(child.pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while peer_death(peer) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         death = peer_death(peer)  # a zombie until waited for: its status is still there
         assert death == Death(signal=signal.SIGKILL)
-        assert dead_peers([Peer(host, os.getpid(), me.start), peer], 0) == {1: death}
+        assert dead_peers([me, peer], 0) == {1: death}
         assert dead_peers([peer, peer], 0) == {1: death}  # never names itself (rank 0)
-        assert dead_peers([me, Peer("elsewhere", child.pid)], 0) == {}  # another host: unknown
+        # Another host, or another pid namespace on this one (a container): not judged.
+        assert dead_peers([me, Peer("elsewhere", child.pid, peer.start, me.space)], 0) == {}
+        assert dead_peers([me, Peer(me.host, child.pid, peer.start, "other/ns")], 0) == {}
     finally:
         child.kill()
         child.wait()
     assert peer_death(peer) == Death()  # reaped: gone, status unknown
-    assert peer_death(Peer(host, os.getpid(), "1")) == Death()  # pid reused by another process
+    assert peer_death(Peer(me.host, os.getpid(), "1")) == Death()  # pid reused by another one
 
 
 def test_dead_rank_finding_names_rank_host_and_status() -> None:

@@ -9,13 +9,11 @@ does not cut it off.
 from __future__ import annotations
 
 import datetime
-import os
-import socket
 from typing import Any
 
 import torch.distributed as dist
 
-from trainguard.guards.peers import Peer, process_start
+from trainguard.guards.peers import Peer, this_process
 
 
 def _td(seconds: float) -> datetime.timedelta:
@@ -51,9 +49,9 @@ class MonitorGroup:
         group = dist.new_group(backend="gloo", timeout=_td(timeout_s))
         rank, size = dist.get_rank(), dist.get_world_size()
         out: list[Any] = [None] * size
-        me = (socket.gethostname(), os.getpid(), process_start(os.getpid()))
-        dist.all_gather_object(out, me, group=group)
-        peers = [Peer(str(h), int(pid), start) for h, pid, start in out]
+        me = this_process()
+        dist.all_gather_object(out, (me.host, me.pid, me.start, me.space), group=group)
+        peers = [Peer(str(h), int(pid), start, space) for h, pid, start, space in out]
         return cls(group, rank, size, [p.host for p in peers], timeout_s, peers)
 
     def where(self, rank: int) -> str:

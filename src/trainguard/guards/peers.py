@@ -1,10 +1,12 @@
 """Is a peer rank's process still there? Dead is not hung (R302 against R301).
 
-Every rank's (host, pid, start time) is gathered when the monitor group is made. A rank whose
-collective fails looks at the peers on its own host in /proc: a pid that is gone, a zombie, or a
-pid now held by another process (another start time) is a dead rank. A zombie (killed, not yet
-reaped by its launcher) still holds its exit status in /proc/PID/stat (field 52, Linux 3.5+):
-the signal or status is then named too. Peers on other hosts cannot be seen from here.
+Every rank's (host, pid, start time, pid namespace) is gathered when the monitor group is made.
+A rank whose collective fails looks in /proc at the peers that share its host and its pid
+namespace (containers with the host's network share its name, not its pids): a pid that is
+gone, a zombie, or a pid now held by another process (another start time) is a dead rank. A
+zombie (killed, not yet reaped by its launcher) still holds its exit status in /proc/PID/stat
+(field 52, Linux 3.5+): the signal or status is then named too. Peers on other hosts cannot be
+seen from here (their own launcher names them).
 """
 
 from __future__ import annotations
@@ -23,6 +25,23 @@ class Peer:
     host: str
     pid: int
     start: str | None = None
+    space: str | None = None  # boot id and pid namespace: where `pid` means this process
+
+
+def pid_space() -> str | None:
+    """This process's boot id and pid namespace, or None where /proc does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def this_process() -> Peer:
+    """This process, as its peers will look for it."""
+    pid = os.getpid()
+    return Peer(socket.gethostname(), pid, process_start(pid), pid_space())
 
 
 @dataclass(frozen=True)
@@ -97,11 +116,12 @@ def peer_death(peer: Peer) -> Death | None:
 
 
 def dead_peers(peers: list[Peer], me: int) -> dict[int, Death]:
-    """The ranks among `peers` on this host (other than `me`) whose process has ended."""
-    host = socket.gethostname()
+    """The ranks among `peers` on this host and in this pid namespace (other than `me`) whose
+    process has ended."""
+    here = Peer(socket.gethostname(), 0, None, pid_space())
     out: dict[int, Death] = {}
     for rank, peer in enumerate(peers):
-        if rank == me or peer.host != host:
+        if rank == me or (peer.host, peer.space) != (here.host, here.space):
             continue
         death = peer_death(peer)
         if death is not None:
