@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from trainguard.config.distributed import DistributedConfig
 from trainguard.guards.distributed import DistributedGuards
-from trainguard.guards.hang import dead_rank_finding
+from trainguard.guards.group import MonitorGroup
+from trainguard.guards.hang import dead_rank_finding, lost_peer, lost_peer_finding
 from trainguard.guards.peers import (
     Death,
     Peer,
@@ -177,3 +178,19 @@ def test_dead_rank_finding_names_rank_host_and_status() -> None:
     assert f.data["dead_ranks"] == [1, 3] and f.data["exit_signals"] == {"1": 9, "3": None}
     one = dead_rank_finding({1: Death(signal=9)}, ["a", "b"], reporter="the launcher")
     assert one.rank == 1 and one.data["signal"] == 9 and "seen by the launcher" in one.message
+
+
+def test_a_closed_connection_is_a_lost_peer_a_timeout_is_not() -> None:
+    gloo = (
+        "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[10.0.0.7]:22926. This is typically caused by a remote worker crashing."
+    )
+    assert lost_peer(gloo) == "10.0.0.7"
+    assert lost_peer("Connection reset by peer") == ""
+    assert lost_peer("Timed out waiting 15000ms for recv operation to complete") is None
+    assert lost_peer("Rank 1 failed to pass monitoredBarrier in 15000 ms") is None
+    group = MonitorGroup(None, 0, 2, ["a", "b"], 60.0)
+    f = lost_peer_finding(7, "backward", "10.0.0.7", group, "hang-x-rank0.txt")
+    assert f.code == "R302" and f.rank is None and f.step == 7
+    assert f.data["peer_address"] == "10.0.0.7" and f.data["dead_ranks"] == []
+    assert "10.0.0.7" in f.message and "another host" in f.message

@@ -270,8 +270,10 @@ register(
         "continues from the last verified checkpoint. If the same host loses ranks again, run "
         "`trainguard doctor` on it.",
         false_positives="None known: a rank whose process is gone is dead. A rank on another "
-        "host cannot be checked from here; its death may still read as R301 from the "
-        "survivors, and its own launcher names it.",
+        "host cannot be looked at from here: when a peer's connection closed (gloo) it is "
+        "R302 without a rank (the peer's address in `data.peer_address`), and that host's "
+        "launcher names the rank; a survivor that exits after naming it also closes its "
+        "connections, so in a large job a few such findings share one cause.",
         references=("torch.distributed.elastic ChildFailedError (the agent's exit codes)",),
     ),
 )

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +42,13 @@ from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.guards.decision import Decision
 from trainguard.guards.group import MonitorGroup
-from trainguard.guards.hang import dead_rank_finding, hung_rank_finding
+from trainguard.guards.hang import (
+    dead_rank_finding,
+    hung_rank_finding,
+    lost_peer,
+    lost_peer_finding,
+    missing_ranks,
+)
 from trainguard.guards.peers import Death, dead_peers
 from trainguard.guards.replica import (
     compare_replicas,
@@ -58,8 +63,6 @@ from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
 
 T = TypeVar("T")
 STATE_VERSION = 1
-# How a peer's death reads in gloo's (and nccl's) errors: its connection closed under us.
-_PEER_GONE = re.compile(r"closed by peer|reset by peer|broken pipe|connection refused", re.I)
 DEAD_PEER_WAIT_S = 3.0  # a killed peer's sockets close before the kernel marks it exited
 
 
@@ -348,16 +351,21 @@ class DistributedGuards:
                 raise cause
         self._report_dead(step, phase, self._dead_peers(str(barrier_error)))
         txt = report_path(self.run_dir, group.rank)
-        finding = hung_rank_finding(
-            step, phase, cause, barrier_error, group, self.hang_timeout_s(), txt.name
-        )
+        address = lost_peer(str(barrier_error))
+        if address is not None and not missing_ranks(str(barrier_error)):
+            # The barrier itself lost a peer: dead, on a host this process cannot look at.
+            finding = lost_peer_finding(step, phase, address, group, txt.name)
+        else:
+            finding = hung_rank_finding(
+                step, phase, cause, barrier_error, group, self.hang_timeout_s(), txt.name
+            )
         self._report_and_exit(txt, finding)
 
     def _dead_peers(self, error: str) -> dict[int, Death]:
         """The peers on this host whose process ended. After a closed connection, the peer may
         still be exiting: it is looked at again for up to `DEAD_PEER_WAIT_S`."""
         assert self.group is not None
-        deadline = time.monotonic() + (DEAD_PEER_WAIT_S if _PEER_GONE.search(error) else 0.0)
+        deadline = time.monotonic() + (DEAD_PEER_WAIT_S if lost_peer(error) is not None else 0.0)
         while True:
             dead = dead_peers(self.group.processes, self.group.rank)
             if dead or time.monotonic() >= deadline:

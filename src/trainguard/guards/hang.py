@@ -15,6 +15,17 @@ from trainguard.guards.group import MonitorGroup
 from trainguard.guards.peers import Death
 
 _MISSING = re.compile(r"Ranks? ([\d,\s]+?) failed to pass monitoredBarrier")
+# How a peer's death reads in gloo's errors: its connection closed under us ("Connection closed
+# by peer [10.0.0.7]:29500"); the address is the peer's, not its rank.
+PEER_GONE = re.compile(
+    r"(?:closed|reset) by peer(?: \[(?P<addr>[^\]]+)\](?::\d+)?)?|broken pipe", re.I
+)
+
+
+def lost_peer(message: str) -> str | None:
+    """The peer address a closed connection names ('' when none), or None for another error."""
+    m = PEER_GONE.search(message)
+    return None if m is None else (m.group("addr") or "")
 
 
 def missing_ranks(message: str) -> list[int]:
@@ -52,6 +63,29 @@ def hung_rank_finding(
             "missing_ranks": missing,
             "missing_hosts": hosts,
             "reporting_rank": group.rank,
+            "phase": phase,
+            "stack_file": stack_file,
+            "exit_status": ExitStatus.HANG,
+        },
+    )
+
+
+def lost_peer_finding(
+    step: int, phase: str, address: str, group: MonitorGroup, stack_file: str
+) -> Finding:
+    """R302 when a peer's connection closed (so its process ended) but the rank is not one this
+    process can look at (another host): dead, rank unknown from here; its launcher names it."""
+    at = f" at {address}" if address else ""
+    return Finding.of(
+        "R302",
+        f"dead rank at step {step} (phase {phase!r}): a peer{at} closed its connection (its "
+        f"process ended), seen by {group.where(group.rank)}; the rank is on another host: its "
+        "launcher's log names it",
+        step=step,
+        data={
+            "dead_ranks": [],
+            "peer_address": address or None,
+            "reporter": f"rank {group.rank}",
             "phase": phase,
             "stack_file": stack_file,
             "exit_status": ExitStatus.HANG,
