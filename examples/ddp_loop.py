@@ -12,7 +12,8 @@
   same global batches (the weights match an uninterrupted run bitwise on the same world size).
 - `Guard(distributed=True)`: judges every update before it is applied (skip a NaN or spiking
   one, roll back on a storm of them, halt after `max_rollbacks`), compares the replicas before
-  each checkpoint, names stragglers and hung ranks.
+  each checkpoint, names stragglers, hung ranks
+  (R301) and dead ones (R302, with the signal).
 
 Rank 0 logs every step's global batch hash to OUT/steps.jsonl and the final weights (and their
 hash) to OUT/model.safetensors; the guard's findings go to OUT/guard.jsonl.
@@ -121,8 +122,9 @@ def main() -> None:
             continue
         end.raise_if_halt()
         step += 1
-        if saving:
-            checkpointer.save(step, state)  # collective; `step` = completed steps
+        if saving:  # collective: under the checkpoint's timeout budget, not the step's
+            with guard.phase("checkpoint", step):
+                checkpointer.save(step, state)  # `step` = completed steps
 
     digest = export_weights(raw, args.out / "model.safetensors", rank)
     log.write(step=step, final=True, weights_hash=digest)

@@ -123,7 +123,10 @@ def main() -> None:
         end.raise_if_halt()
         step += 1
         if saving:
-            checkpointer.save(step, state)  # collective: every rank writes its own shards
+            # Collective (every rank writes its own shards): under the checkpoint's timeout
+            # budget, not the step's.
+            with guard.phase("checkpoint", step):
+                checkpointer.save(step, state)
 
     digest = export_weights(model, args.out / "model.safetensors", rank)  # gathers the shards
     log.write(step=step, final=True, weights_hash=digest)

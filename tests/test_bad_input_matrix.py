@@ -169,6 +169,22 @@ ROWS = [
         *("--set", "train.batch_size=100000"),  # divisible: the count itself is refused
         says=("--nproc 100000", "CPU core", "--oversubscribe", "nothing was started"),
     ),
+    # issue 23: derived timeouts (the new distributed keys, strictly typed)
+    row(
+        "run-timeout-factor-below-one",
+        *("run", "{tiny}", "--set", "distributed.timeout_factor=0.5"),
+        says=("timeout_factor", "greater than or equal to 1"),
+    ),
+    row(
+        "run-timeout-percentile-above-100",
+        *("run", "{tiny}", "--set", "distributed.timeout_percentile=120"),
+        says=("timeout_percentile", "100"),
+    ),
+    row(
+        "run-derive-timeouts-not-a-bool",
+        *("run", "{tiny}", "--set", "distributed.derive_timeouts=1"),
+        says=("derive_timeouts", "bool"),
+    ),
     # issue 26: ckptio (a link where the run writes its own file: refused, its target unchanged)
     row(
         "run-metrics-jsonl-is-a-symlink",
@@ -1041,6 +1057,17 @@ ROWS = [
         "doctor-nproc-above-the-cores",
         *("doctor", "{tiny}", "--nproc", "100000"),
         says=("--nproc 100000", "CPU core", "--oversubscribe", "nothing was started"),
+    ),
+    # issue 23: dead ranks (a planted kill: never rank 0, at most one round that ends the group)
+    row(
+        "doctor-kill-rank-0",
+        *("doctor", "{tiny}", "--inject", "kill/r0"),
+        says=("kill/r0", "rank 0", "kill/rR with R >= 1"),
+    ),
+    row(
+        "doctor-kill-and-hang",
+        *("doctor", "{tiny}", "--nproc", "2", "--inject", "kill/r1", "--inject", "hang/r1"),
+        says=("2 hang or kill rounds", "at most one"),
     ),
     # --- eval -----------------------------------------------------------------------------
     row("eval-device-foo", "eval", "{empty_run}", "--device", "foo", says=("--device",)),

@@ -175,3 +175,16 @@ def test_the_doctor_drills_detect_and_name_rank_1(tmp_path: Path) -> None:
     rows = [DRILLS[name].run(ctx) for name in DOCTOR_DRILLS]
     assert [r.detected[0] for r in rows] == ["H401", "H403", "H410", "H412"], [r.note for r in rows]
     assert all(r.ok and r.action.startswith("rank 1 (") for r in rows), [r.note for r in rows]
+
+
+@pytest.mark.slow  # a doctor job whose rank 1 dies
+def test_a_killed_rank_is_named_dead_with_its_signal(tmp_path: Path) -> None:
+    status, report, stderr = doctor(
+        "--quick", "--nproc", "2", "--json", "--inject", "kill/r1", cwd=tmp_path
+    )
+    assert report is not None, stderr[-2000:]
+    dead = [f for f in report["findings"] if f["code"] == "R302"]
+    assert [(f["rank"], f["data"]["signal"]) for f in dead] == [(1, 9)], report["findings"]
+    assert "SIGKILL" in dead[0]["message"] and dead[0]["where"]
+    assert not any(f["code"] == "H412" for f in report["findings"])  # dead, not hung
+    assert status == 1 and report["ok"] is False

@@ -43,6 +43,7 @@ STORM, KILL = "nan@2-4", "kill@8/r1"
 ACTIONS = ["apply"] * 2 + ["skip", "skip", "rollback"] + ["apply"] * 9  # steps 0-4, then 3-11
 BLOCKS = [0, 1, 2, *range(5, STEPS + 2)]  # the global batch each step ends up trained on
 RTOL = 1e-4
+HANGS = ("R301", "R302")
 
 
 def example(script: str, out: Path, nproc: int, inject: str, device: str = "cpu"):
@@ -121,6 +122,11 @@ def kill_and_resume(script: str, tmp_path: Path, alone: int) -> None:
     assert res.returncode != 0 and "Signal 9 (SIGKILL) received" in res.stderr, res.stderr[-4000:]
     killed = len(rows(run))
     assert rows(run) == rows(ref)[:killed] and rows(run)[-1]["step"] == 7  # bitwise so far
+    # Rank 0, if it got to its diagnosis before torchrun stopped it, named rank 1 as dead
+    # (R302), never as a hang naming nobody (R301).
+    lines = (run / "guard.jsonl").read_text().splitlines() if (run / "guard.jsonl").exists() else []
+    named = [(f["code"], f["rank"]) for f in map(json.loads, lines) if f.get("code") in HANGS]
+    assert all(n == ("R302", 1) for n in named), named
     shutil.copytree(run, solo)
 
     ok(example(script, run, 2, STORM))  # the same world size: bitwise the reference

@@ -494,7 +494,11 @@ class Guard:
         self.pending_rollback = None
         at = decision.step if decision is not None else -1
         bad = decision.bad_steps if decision is not None else []
-        step, event = restore(self, checkpointer, state, sampler, bad, at)
+        if self.distributed is None:
+            step, event = restore(self, checkpointer, state, sampler, bad, at)
+        else:  # the load's collectives get the checkpoint budget, not the step timeout
+            with self.distributed.budget("checkpoint"):
+                step, event = restore(self, checkpointer, state, sampler, bad, at)
         if self._findings_log is not None:  # the auditable record of what was skipped
             self._findings_log.write({"kind": "event", "step": at, **event})
         self._log_findings(checkpointer_findings(checkpointer))

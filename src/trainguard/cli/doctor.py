@@ -118,18 +118,21 @@ def _launch(nproc: int, worker: list[str], as_json: bool) -> None:
         result = Path(tmp) / "report.json"
         os.environ[RESULT_ENV] = str(result)
         try:
-            status = launch(nproc, worker)
+            launched = launch(nproc, worker)
         finally:
             os.environ.pop(RESULT_ENV, None)
         payload = json.loads(result.read_text(encoding="utf-8")) if result.exists() else None
+    status = launched.status
     if payload is None:
         if status == ExitStatus.BAD_INPUT:  # the workers said why on stderr
             raise typer.Exit(ExitStatus.BAD_INPUT)
         lost = Finding.of(
             "H429", f"the {nproc} doctor processes exited with status {status} and no report"
         )
-        emit([lost], as_json, extra={"world_size": nproc, "rounds": []}, title="Doctor")
-    _report(payload, payload.pop("findings"), as_json)
+        # A worker that died is named (R302: rank, signal or status), not only "no report".
+        extra = {"world_size": nproc, "rounds": []}
+        emit([*launched.dead, lost], as_json, extra=extra, title="Doctor")
+    _report(payload, [*launched.dead, *payload.pop("findings")], as_json)
 
 
 def _as_rank(recipe: Any, plan: Any, rounds: list, as_json: bool) -> None:

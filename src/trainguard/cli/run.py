@@ -117,7 +117,8 @@ def _launch_job(
         os.environ[HOLDER_ENV] = str(os.getpid())
         os.environ[RESULT_ENV] = str(result_file)
         try:
-            status = launch(nproc, worker, max_restarts)
+            launched = launch(nproc, worker, max_restarts)
+            status = launched.status
         finally:
             os.environ.pop(HOLDER_ENV, None)
             os.environ.pop(RESULT_ENV, None)
@@ -126,14 +127,17 @@ def _launch_job(
             result = RunResult.from_dict(json.loads(result_file.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):
             result = RunResult.empty(folder)  # no worker got as far as its result
+        result.findings += [f for f in launched.dead if f not in result.findings]
     if status != result.exit_status:  # e.g. another rank failed, or this process was stopped
         result.exit_status = status
         if status > 128:
             result.error = describe_error(Interrupted(status - 128))
         elif status != ExitStatus.OK and result.error is None:
+            dead = "; ".join(f.message for f in launched.dead)
             result.error = {
                 "type": "WorkerFailed",
-                "message": f"a worker process exited with status {status}",
+                "message": f"a worker process exited with status {status}"
+                + (f" ({dead})" if dead else ""),
                 "fix": "read the workers' messages above; run the same command again to resume",
             }
     return result

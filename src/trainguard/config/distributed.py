@@ -23,10 +23,30 @@ class DistributedConfig(StrictModel):
     """Steps each process runs before the short timeouts and step-boundary barriers start."""
     collective_timeout_s: float = Field(300.0, gt=0.0)
     """Timeout of the gradient all-reduce after warm-up. A rank that does not arrive within it
-    fails the collective; the ranks then run the hung-rank diagnosis (R301)."""
+    fails the collective; the ranks then run the hung-rank diagnosis (R301). With
+    `derive_timeouts` this is the ceiling of the derived value."""
     hang_timeout_s: float = Field(60.0, gt=0.0)
     """How long the monitored barriers (step boundaries after warm-up, and the diagnosis after
-    a collective timeout) wait before naming the ranks that did not arrive (R301)."""
+    a collective timeout) wait before naming the ranks that did not arrive (R301). With
+    `derive_timeouts` this is the ceiling of the derived value."""
+    derive_timeouts: bool = True
+    """Derive the collective and hang timeouts from the run's own step times once warm-up has
+    ended and 5 steps were timed: max(`timeout_floor_s`, min(ceiling, `timeout_factor` x the
+    `timeout_percentile`-th percentile of the last 128 step times)), the ceilings being
+    `collective_timeout_s` and `hang_timeout_s`. False: those two fixed values."""
+    timeout_factor: float = Field(10.0, ge=1.0)
+    """The multiple of the step-time percentile that a derived timeout allows."""
+    timeout_percentile: float = Field(99.0, gt=0.0, le=100.0)
+    """The percentile of recent step times the derived timeouts scale (99: the slow steps
+    that do happen, not the typical one)."""
+    timeout_floor_s: float = Field(15.0, gt=0.0)
+    """The least a derived timeout waits, however short the steps (jitter, a loaded host);
+    never more than its ceiling (`collective_timeout_s`, `hang_timeout_s`)."""
+    checkpoint_timeout_s: float = Field(1800.0, gt=0.0)
+    """Collective timeout while the loop is in its `checkpoint` phase (a sharded save's
+    collectives wait for the slowest writer): a budget of its own, not a step time."""
+    eval_timeout_s: float = Field(1800.0, gt=0.0)
+    """Collective timeout while the loop is in its `eval` phase: a budget of its own."""
     step_barrier: bool = True
     """A monitored barrier at every step boundary after warm-up (one small round trip on the
     gloo monitor group), so that a rank stuck outside any collective is also named."""

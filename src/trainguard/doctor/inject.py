@@ -6,10 +6,12 @@
 - `bad-allreduce/rR`  rank R contributes a perturbed tensor to the all-reduce
 - `hang/rR`           rank R (R >= 1) never joins: it sleeps instead of running the round, the
                       others time out at the barrier and name it
+- `kill/rR`           rank R (R >= 1) SIGKILLs itself at the start of the round: named dead
+                      (R302, with the signal), not hung
 - `none`              a round without a fault (to loop clean and faulty rounds in one job)
 
-Several `--inject` values run one round each, in one process group; a hang ends the group,
-so it always runs last.
+Several `--inject` values run one round each, in one process group; a hang or a kill ends
+the group, so it always runs last.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 from trainguard.errors import BadInputError
 
-KINDS = ("bitflip", "slow", "bad-allreduce", "hang")
+KINDS = ("bitflip", "slow", "bad-allreduce", "hang", "kill")
+ENDS_GROUP = ("hang", "kill")  # the round after which the group cannot meet again
 SLOW_FACTOR = 3
 _SYNTAX = re.compile(r"^(?P<kind>[a-z-]+)/r(?P<rank>\d+)$")
 
@@ -52,10 +55,12 @@ def parse_injection(text: str) -> Injection:
             f"use KIND/rRANK with KIND one of {', '.join(KINDS)} (e.g. slow/r1), or none",
         )
     rank = int(m["rank"])
-    if m["kind"] == "hang" and rank == 0:
+    if m["kind"] in ENDS_GROUP and rank == 0:
+        kind = m["kind"]
         raise BadInputError(
-            "--inject hang/r0: rank 0 gathers and reports, it cannot be the one that hangs",
-            "use hang/rR with R >= 1 (and --nproc 2 or more)",
+            f"--inject {kind}/r0: rank 0 gathers and reports, it cannot be the one that "
+            f"{'hangs' if kind == 'hang' else 'is killed'}",
+            f"use {kind}/rR with R >= 1 (and --nproc 2 or more)",
         )
     return Injection(m["kind"], rank)
 
@@ -72,10 +77,11 @@ def parse_rounds(values: list[str] | None, world_size: int | None = None) -> lis
                     f"{world_size} process(es)",
                     f"name a rank below {world_size}, or run more processes (--nproc)",
                 )
-    hangs = [r for r in rounds if r.kind == "hang"]
+    hangs = [r for r in rounds if r.kind in ENDS_GROUP]
     if len(hangs) > 1:
         raise BadInputError(
-            f"--inject: {len(hangs)} hang rounds; a hung rank ends the process group",
-            "inject at most one hang/rR per run",
+            f"--inject: {len(hangs)} hang or kill rounds; a hung or dead rank ends the process "
+            "group",
+            "inject at most one hang/rR or kill/rR per run",
         )
-    return [r for r in rounds if r.kind != "hang"] + hangs
+    return [r for r in rounds if r.kind not in ENDS_GROUP] + hangs

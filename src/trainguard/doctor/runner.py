@@ -18,6 +18,8 @@ A round, on every rank:
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -145,6 +147,8 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
 def run_round(team: Team, plan: DoctorPlan, injection: Injection, index: int) -> RoundResult:
     ctx = RankContext(team.who(), team.device, plan, injection)
     t0 = time.perf_counter()
+    if ctx.planted("kill"):
+        os.kill(os.getpid(), signal.SIGKILL)  # dead, not hung: the launcher names it (R302)
     if ctx.planted("hang"):
         time.sleep(HANG_SLEEP_S)  # never joins; the others name this rank
         return RoundResult(index, injection.label)

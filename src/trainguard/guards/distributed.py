@@ -1,5 +1,6 @@
-"""`DistributedGuards`: replica hashes (H201), stragglers (H202) and hung ranks (R301) for any
-torchrun loop. `Guard(..., distributed=True)` owns one; `trainguard run` uses the same part.
+"""`DistributedGuards`: replica hashes (H201), stragglers (H202), hung ranks (R301) and dead
+ranks (R302) for any torchrun loop. `Guard(..., distributed=True)` owns one; `trainguard run`
+uses the same part.
 
 Per step, in a data-parallel loop (every rank makes the same calls):
 
@@ -10,11 +11,17 @@ Per step, in a data-parallel loop (every rank makes the same calls):
     found += part.after_step(step)              # H202 every K steps; the monitored barrier
 
 With one process every call is a no-op. Hung ranks: after `warmup_steps` steps the default
-group's timeout becomes `collective_timeout_s`; a collective that fails (a rank did not come)
+group's timeout becomes the collective timeout; a collective that fails (a rank did not come)
 sends every surviving rank into a monitored barrier on the gloo monitor group that names the
-ranks that did not arrive within `hang_timeout_s`; each survivor writes a hang report (its
+ranks that did not arrive within the hang timeout; each survivor writes a hang report (its
 stacks and the R301 finding) and exits with status 3 for the launcher to restart the job. A
 rank stuck outside any collective is caught by the monitored barrier at every step boundary.
+Both timeouts are derived from the step times (monitors/timeouts.py: max(floor, min(fixed
+value, factor x p99))), with budgets of their own for the `checkpoint` and `eval` phases.
+
+Dead ranks: a peer whose process ended (a gloo collective fails at once when its connection
+closes) is named as dead (R302, guards/peers.py: the survivors look at their same-host peers'
+pids) before any hang diagnosis, with its signal or exit status while the kernel holds it.
 """
 
 from __future__ import annotations
@@ -22,18 +29,27 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import torch
 
+from trainguard.codes import get_code
 from trainguard.config.distributed import DistributedConfig
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.guards.decision import Decision
-from trainguard.guards.group import MonitorGroup, shorten_default_timeout
-from trainguard.guards.hang import hung_rank_finding
+from trainguard.guards.group import MonitorGroup
+from trainguard.guards.hang import (
+    dead_rank_finding,
+    hung_rank_finding,
+    lost_peer,
+    lost_peer_finding,
+    missing_ranks,
+)
+from trainguard.guards.peers import Death, dead_peers
 from trainguard.guards.replica import (
     compare_replicas,
     merge_sets,
@@ -41,11 +57,13 @@ from trainguard.guards.replica import (
     replica_digest,
     replica_sets,
 )
+from trainguard.guards.timeouts import GroupTimeouts
 from trainguard.monitors.hang_report import SigtermStackDump, report_path, write_hang_report
 from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
 
 T = TypeVar("T")
 STATE_VERSION = 1
+DEAD_PEER_WAIT_S = 3.0  # a killed peer's sockets close before the kernel marks it exited
 
 
 class DistributedGuards:
@@ -80,6 +98,11 @@ class DistributedGuards:
         self._phases_marked = False
         self._told_no_replicas = False
         self._sigterm = SigtermStackDump(self.run_dir, self.rank) if self.active else None
+        if self.active:
+            # Load the code registry now: when a peer dies, the launcher stops the survivors
+            # within a fraction of a second, too soon for the first import of every code module.
+            get_code("R302")
+        self.timeouts = GroupTimeouts(self.config)
 
     @property
     def active(self) -> bool:
@@ -123,11 +146,32 @@ class DistributedGuards:
 
     # -- phases --------------------------------------------------------------------------------
     def mark(self, phase: str) -> None:
-        """The loop enters `phase` (data, forward, backward, optimizer; others pause the timer)."""
+        """The loop enters `phase` (data, forward, backward, optimizer; others pause the timer).
+        `checkpoint` and `eval` run under their own collective timeout budget."""
         self.phase_name = phase
         if self.active:
             self._phases_marked = True
             self.timer.mark(phase)
+            self.timeouts.enter(phase)
+
+    # -- timeouts ------------------------------------------------------------------------------
+    def collective_timeout_s(self) -> float:
+        """The gradient group's timeout after warm-up (guards/timeouts.py)."""
+        return self.timeouts.collective_s()
+
+    def hang_timeout_s(self) -> float:
+        """The monitored barriers' timeout (guards/timeouts.py)."""
+        return self.timeouts.hang_s()
+
+    @contextlib.contextmanager
+    def budget(self, phase: str) -> Iterator[None]:
+        """Run the block under `phase`'s collective timeout budget (checkpoint, eval) without
+        marking a phase: a checkpoint load inside a rollback."""
+        if not self.active:
+            yield
+            return
+        with self.timeouts.budget(phase):
+            yield
 
     @contextlib.contextmanager
     def phase(self, name: str, step: int) -> Iterator[None]:
@@ -220,8 +264,8 @@ class DistributedGuards:
         if not self.active:
             return []
         self.steps_run += 1
-        if self.steps_run == self.config.warmup_steps:
-            shorten_default_timeout(self.config.collective_timeout_s)
+        if self.warm:  # warm-up steps (compiling, the first data) are no step times
+            self.timeouts.step_boundary(time.monotonic())
         found: list[Finding] = []
         k = self.config.straggler_interval
         if k and step % k == 0:
@@ -230,7 +274,7 @@ class DistributedGuards:
             self.last_timings = self.guarded(step, self.group.all_gather_object, timing)
             found = self.stragglers.update(step, self.last_timings, self.group.hosts)
         if self.warm and self.config.step_barrier:
-            self.barrier(step, self.config.hang_timeout_s)
+            self.barrier(step, self.hang_timeout_s())
         if not self._phases_marked:
             # A loop that marks no phases: the whole next step counts as busy time.
             self.timer.mark("forward")
@@ -288,26 +332,68 @@ class DistributedGuards:
     def diagnose(
         self, step: int, cause: BaseException, barrier_error: BaseException | None = None
     ) -> NoReturn:
-        """Name the ranks that did not arrive, dump this process's stacks, exit for a restart.
+        """Name the dead ranks (R302) or the ranks that did not arrive (R301), dump this
+        process's stacks, exit for a restart.
 
-        If every rank does reach the diagnosis barrier, nobody hung: the failure was an
-        ordinary error, and it is raised as such."""
+        A peer whose process ended is dead, not hung: that is checked first (gloo fails the
+        collective at once when a peer's connection closes). If every rank does reach the
+        diagnosis barrier, nobody hung: the failure was an ordinary error, raised as such."""
         group = self.group
         assert group is not None
         phase = self.phase_name
+        self._report_dead(step, phase, self._dead_peers(str(cause)))
         if barrier_error is None:
             try:
-                group.barrier(self.config.hang_timeout_s, wait_all_ranks=True)
+                group.barrier(self.hang_timeout_s(), wait_all_ranks=True)
             except RuntimeError as e:
                 barrier_error = e
             else:
                 raise cause
+        self._report_dead(step, phase, self._dead_peers(str(barrier_error)))
         txt = report_path(self.run_dir, group.rank)
-        finding = hung_rank_finding(
-            step, phase, cause, barrier_error, group, self.config.hang_timeout_s, txt.name
+        address = lost_peer(str(barrier_error))
+        if address is not None and not missing_ranks(str(barrier_error)):
+            # The barrier itself lost a peer: dead, on a host this process cannot look at.
+            finding = lost_peer_finding(step, phase, address, group, txt.name)
+        else:
+            finding = hung_rank_finding(
+                step, phase, cause, barrier_error, group, self.hang_timeout_s(), txt.name
+            )
+        self._report_and_exit(txt, finding)
+
+    def _dead_peers(self, error: str) -> dict[int, Death]:
+        """The peers on this host whose process ended. After a closed connection, the peer may
+        still be exiting: it is looked at again for up to `DEAD_PEER_WAIT_S`."""
+        assert self.group is not None
+        deadline = time.monotonic() + (DEAD_PEER_WAIT_S if lost_peer(error) is not None else 0.0)
+        while True:
+            dead = dead_peers(self.group.processes, self.group.rank)
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
+
+    def _report_dead(self, step: int, phase: str, dead: dict[int, Death]) -> None:
+        if not dead:
+            return
+        assert self.group is not None
+        txt = report_path(self.run_dir, self.group.rank)
+        finding = dead_rank_finding(
+            dead,
+            self.group.hosts,
+            step=step,
+            phase=phase,
+            reporter=f"rank {self.group.rank}",
+            stack_file=txt.name,
         )
+        self._report_and_exit(txt, finding)
+
+    def _report_and_exit(self, txt: Path, finding: Finding) -> NoReturn:
+        assert self.group is not None
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        header = f"trainguard R301 on rank {group.rank} (pid {os.getpid()}): {finding.message}"
+        header = (
+            f"trainguard {finding.code} on rank {self.group.rank} (pid {os.getpid()}): "
+            f"{finding.message}"
+        )
         write_hang_report(txt, header, finding)
         if self.on_hang is not None:
             self.on_hang(finding)

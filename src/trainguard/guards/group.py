@@ -9,10 +9,11 @@ does not cut it off.
 from __future__ import annotations
 
 import datetime
-import socket
 from typing import Any
 
 import torch.distributed as dist
+
+from trainguard.guards.peers import Peer, this_process
 
 
 def _td(seconds: float) -> datetime.timedelta:
@@ -22,12 +23,22 @@ def _td(seconds: float) -> datetime.timedelta:
 class MonitorGroup:
     """This process's rank among `size`, every rank's host, and the collectives on the group."""
 
-    def __init__(self, group: Any, rank: int, size: int, hosts: list[str], timeout_s: float):
+    def __init__(
+        self,
+        group: Any,
+        rank: int,
+        size: int,
+        hosts: list[str],
+        timeout_s: float,
+        processes: list[Peer] | None = None,
+    ):
         self.group = group
         self.rank = rank
         self.size = size
         self.hosts = hosts
         self.timeout_s = timeout_s
+        # Every rank's process (pid, start time): a survivor checks its peers on its own host.
+        self.processes = processes or []
 
     @classmethod
     def create(cls, timeout_s: float) -> MonitorGroup | None:
@@ -38,8 +49,10 @@ class MonitorGroup:
         group = dist.new_group(backend="gloo", timeout=_td(timeout_s))
         rank, size = dist.get_rank(), dist.get_world_size()
         out: list[Any] = [None] * size
-        dist.all_gather_object(out, socket.gethostname(), group=group)
-        return cls(group, rank, size, [str(h) for h in out], timeout_s)
+        me = this_process()
+        dist.all_gather_object(out, (me.host, me.pid, me.start, me.space), group=group)
+        peers = [Peer(str(h), int(pid), start, space) for h, pid, start, space in out]
+        return cls(group, rank, size, [p.host for p in peers], timeout_s, peers)
 
     def where(self, rank: int) -> str:
         """'rank R (host)', for messages."""

@@ -1,11 +1,11 @@
 """Hang reports: every thread's stack and the finding, written where a restart finds them.
 
-One writer for the hang watchdog (R210) and the hung-rank diagnosis (R301): a report is
-RUN_DIR/hang-<UTC time>[-rank<r>].txt (the stacks) beside a .json of the same name (the finding),
-which `read_hang_reports` gives back to the next attempt so that it logs the hang once. Ranks that
-the launcher tears down with SIGTERM dump their stacks to RUN_DIR/stacks-rank<r>-<pid>.txt
-(`SigtermStackDump`): faulthandler writes from a C signal handler, so a rank stuck inside a
-collective still writes.
+One writer for the hang watchdog (R210), the hung-rank diagnosis (R301) and the dead-rank
+diagnosis (R302): a report is RUN_DIR/hang-<UTC time>[-rank<r>].txt (the stacks) beside a .json
+of the same name (the finding), which `read_hang_reports` gives back to the next attempt so that
+it logs the hang once. Ranks that the launcher tears down with SIGTERM dump their stacks to
+RUN_DIR/stacks-rank<r>-<pid>.txt (`SigtermStackDump`): faulthandler writes from a C signal
+handler, so a rank stuck inside a collective still writes.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def write_hang_report(
 
 
 def read_hang_reports(run_dir: str | Path) -> list[Finding]:
-    """The findings of earlier hangs in `run_dir` (R210, R301), oldest first."""
+    """The findings of earlier hangs and dead ranks in `run_dir` (R210, R301, R302), oldest
+    first."""
     out = []
     for path in sorted(Path(run_dir).glob("hang-*.json")):
         with contextlib.suppress(OSError, ValueError, TypeError):

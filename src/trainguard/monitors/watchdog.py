@@ -37,6 +37,7 @@ from typing import Any
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.monitors.hang_report import main_thread_frame, report_path, write_hang_report
+from trainguard.monitors.timeouts import derived_timeout
 from trainguard.util.nofollow import open_truncate
 
 __all__ = ["PHASES", "Watchdog"]
@@ -130,13 +131,16 @@ class Watchdog:
 
     # --- the learned timeout ----------------------------------------------------------------
     def timeout(self) -> float:
-        """max(floor, factor * median recent step time), or the current phase's own floor."""
-        t = self.floor_s
-        if len(self.durations) >= MIN_STEPS_TO_LEARN:
-            d = sorted(self.durations)
-            n = len(d)
-            median = d[n // 2] if n % 2 else 0.5 * (d[n // 2 - 1] + d[n // 2])
-            t = max(t, self.factor * median)
+        """max(floor, factor * median recent step time), or the current phase's own floor
+        (monitors/timeouts.py's rule, with the median)."""
+        learned = derived_timeout(
+            self.durations,
+            factor=self.factor,
+            q=50,
+            floor_s=self.floor_s,
+            min_samples=MIN_STEPS_TO_LEARN,
+        )
+        t = self.floor_s if learned is None else learned
         return max(t, self.phase_floors.get(self.current_phase, 0.0))
 
     def overdue(self, now: float | None = None) -> bool:

@@ -18,15 +18,26 @@ number of processes (the global batch does not depend on it).
 The workers end with this process, however it ends (a SIGKILL included): it names itself to them
 in LAUNCHER_ENV and each one watches it (util/processes.py). The command checks the process
 count against the machine before calling `launch` (`util.processes.check_local_processes`).
+
+A worker that exits or is killed is named dead (R302: its rank, this host, the signal or exit
+status the agent saw) on stderr and in `Launched.dead`; the ranks that exit with status 3 are
+the survivors that diagnosed it (or a hang), not dead ones.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from trainguard.errors import BadInputError
+from trainguard.errors import BadInputError, ExitStatus
+from trainguard.findings import Finding
+from trainguard.guards.hang import dead_rank_finding
+from trainguard.guards.peers import Death
 from trainguard.util.processes import launcher_env
 
 
@@ -70,10 +81,41 @@ def under_launcher() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
-def launch(nproc: int, worker_args: Sequence[str], max_restarts: int = 0) -> int:
-    """Run the workers to completion in this process's elastic agent; returns the exit status:
-    0 when every worker succeeded, else the first failed worker's status (3: a hung rank), or
-    130/143 when this process got SIGINT/SIGTERM (the agent stops the workers with it)."""
+@dataclass
+class Launched:
+    """How a launched job ended: its exit status and the workers that died (R302)."""
+
+    status: int
+    dead: list[Finding] = field(default_factory=list)
+
+
+def dead_workers(failures: dict[int, Any]) -> list[Finding]:
+    """R302 for the failed workers (global rank -> the agent's ProcessFailure) that died. Not
+    those that exited with status 3 (survivors that named a dead or hung rank), nor those the
+    agent itself stopped with SIGTERM after the first failure (unless SIGTERM is all there is:
+    then the first one, by time, was stopped from outside)."""
+    codes = {int(rank): int(f.exitcode) for rank, f in failures.items()}
+    dead = {
+        r: Death.from_exitcode(c)
+        for r, c in codes.items()
+        if c not in (ExitStatus.HANG, -signal.SIGTERM)
+    }
+    if not dead:
+        stopped = [r for r, c in codes.items() if c == -signal.SIGTERM]
+        if stopped:
+            first = min(stopped, key=lambda r: failures[r].timestamp)
+            dead = {first: Death.from_exitcode(codes[first])}
+    if not dead:
+        return []
+    hosts = [socket.gethostname()] * (max(dead) + 1)  # local workers: this host
+    return [dead_rank_finding(dead, hosts, reporter="the launcher")]
+
+
+def launch(nproc: int, worker_args: Sequence[str], max_restarts: int = 0) -> Launched:
+    """Run the workers to completion in this process's elastic agent. The status: 0 when every
+    worker succeeded, else the first failed worker's status (3: a hung rank), or 130/143 when
+    this process got SIGINT/SIGTERM (the agent stops the workers with it); `dead`: R302 naming
+    the workers that exited or were killed."""
     if under_launcher():
         raise BadInputError(
             "--nproc given inside a torchrun worker: the job would launch itself again",
@@ -94,7 +136,10 @@ def launch(nproc: int, worker_args: Sequence[str], max_restarts: int = 0) -> int
     except ChildFailedError as e:
         _, first = e.get_first_failure()
         sys.stderr.write(e.format_msg() + "\n")
-        return first.exitcode if first.exitcode > 0 else 1
+        dead = dead_workers(e.failures)
+        for f in dead:
+            sys.stderr.write(f"{f.code}: {f.message}\n")
+        return Launched(first.exitcode if first.exitcode > 0 else 1, dead)
     except SignalException as e:  # the agent's own handler: it has stopped the workers
-        return 128 + int(e.sigval)
-    return 0
+        return Launched(128 + int(e.sigval))
+    return Launched(0)

@@ -141,10 +141,11 @@ def resumed_findings(
 def unlogged_hang_reports(run_dir: Path) -> list[Finding]:
     """The hang findings in RUN_DIR/hang-*.json that metrics.jsonl does not hold yet.
 
-    A hung process (R210) or hung rank (R301) writes its finding to hang-*.json and exits at
-    once; the resume truncation also drops such rows (their step is past the checkpoint), and
-    replaying the steps does not hang again. Keyed by stack file, so each hang is logged once
-    however often the run resumes, and the log and report keep the run's whole history.
+    A hung process (R210), hung rank (R301) or a dead rank's survivor (R302) writes its finding
+    to hang-*.json and exits at once; the resume truncation also drops such rows (their step
+    is past the checkpoint), and replaying the steps does not hang again. Keyed by stack file,
+    so each hang is logged once however often the run resumes, and the log and report keep the
+    run's whole history.
     """
     logged = {
         (row.get("data") or {}).get("stack_file")

@@ -2,7 +2,7 @@
 
 - a fresh start logs the `start` event with the environment;
 - a resume drops the rows of the steps a crash threw away from the metric log (they are
-  recomputed), logs the hangs that ended earlier attempts (R210, R301; once each), what the
+  recomputed), logs the hangs that ended earlier attempts (R210, R301, R302; once each), what the
   restore found (damaged steps passed over, junk in the folder), software drift (H101) and
   C150; then checks that every recomputed step reads the very batch the lost one had logged
   (D110: a replay that read other data would silently train on something else).
