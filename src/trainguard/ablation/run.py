@@ -1,0 +1,310 @@
+"""`data ablate`: the same small recipe on BASE and on each filtered variant, several seeds
+each, every run scored on the use-case evals and on one held-out set; each variant's effect
+against the base with a confidence interval (`stats.py`).
+
+The runs go through `scaling.grid.run_grid` (one grid: data x seed) with the runner the CLI
+injects: this module is below the run in the layers and never imports it. Resuming is the
+grid's: finished runs are rows of OUT/runs.csv and are not run again, an interrupted one
+resumes from its own checkpoints (a run dir resumes by itself). OUT/ablation.json (written
+atomically) records what the ablation is; an OUT holding a different one is refused.
+
+    OUT/ablation.json   the plan (base, variants, seeds, recipe, evals), data counts
+    OUT/data/           heldout.jsonl + heldout.yaml, NAME.jsonl per training set
+    OUT/runs/NAME-seedS the run dirs;  OUT/runs.csv  the finished runs
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from trainguard.ablation.heldout import (
+    HELDOUT_TASK,
+    KEPT_PREFIX,
+    carve_heldout,
+    write_heldout,
+    write_training,
+)
+from trainguard.ablation.stats import MIN_SEEDS_FOR_SIGN_TEST, NO_DIFFERENCE, paired_effect
+from trainguard.errors import BadInputError
+from trainguard.findings import Finding
+from trainguard.metrics.jsonl import read_metrics
+from trainguard.scaling.grid import Runner, run_grid
+from trainguard.util.atomic import atomic_write_text, check_writable
+from trainguard.util.inputs import read_text
+from trainguard.util.paths import refuse_overwrite
+from trainguard.util.runlock import FolderLock
+
+BASE = "base"
+MANIFEST = "ablation.json"
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_SCORED = ("acc", "acc_norm", "bpb")  # per-task metrics worth comparing (not n, bpb_se)
+
+
+def parse_variants(items: list[str]) -> dict[str, str]:
+    """`["nodup=data/nodup.jsonl", ...]` -> {name: source}, names unique and not `base`."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, source = item.partition("=")
+        name = name.strip()
+        if not sep or not source.strip():
+            raise BadInputError(
+                f"--variant {item!r} is not NAME=DATA", "write --variant nodup=data/nodup.jsonl"
+            )
+        if not _NAME.match(name) or name == BASE:
+            raise BadInputError(
+                f"--variant name {name!r} must be letters, digits, '_', '.', '-' and not {BASE!r}",
+                "rename it, e.g. --variant no_boilerplate=DATA",
+            )
+        if name in out:
+            raise BadInputError(f"--variant {name!r} is given twice", "give each name once")
+        out[name] = source.strip()
+    if not out:
+        raise BadInputError("no --variant given", "give at least one --variant NAME=DATA")
+    return out
+
+
+def _abs_spec(spec: str) -> str:
+    # The runs read the specs from their own recipe files: a relative path must not depend
+    # on where that file lies.
+    return str(Path(spec).resolve()) if Path(spec).exists() else spec
+
+
+def _plan(
+    base: str,
+    variants: dict[str, str],
+    recipe: str,
+    evals: list[str],
+    seeds: list[int],
+    overrides: list[str],
+) -> dict[str, Any]:
+    return {
+        "base": base,
+        "variants": variants,
+        "recipe": str(Path(recipe).resolve()) if Path(recipe).is_file() else recipe,
+        "evals": [_abs_spec(s) for s in evals],
+        "seeds": seeds,
+        "overrides": overrides,
+    }
+
+
+def _read_manifest(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    fix = "give --out a new folder, or the one this ablation was started in"
+    try:
+        doc = json.loads(read_text(path, "ablation manifest", fix))
+    except ValueError:
+        raise BadInputError(f"{path} is not an ablation manifest (not JSON)", fix) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("plan"), dict):
+        raise BadInputError(f"{path} is not an ablation manifest", fix)
+    return doc
+
+
+def run_ablation(
+    base: str,
+    variants: dict[str, str],
+    recipe: str,
+    evals: list[str],
+    out_dir: str | Path,
+    *,
+    runner: Runner,
+    seeds: int = 3,
+    jobs: int = 1,
+    overrides: list[str] | None = None,
+    heldout_fraction: float = 0.1,
+    heldout_max: int = 200,
+    level: float = 0.95,
+) -> tuple[dict[str, Any], list[Finding]]:
+    """Run (or finish) the ablation; returns (report, findings)."""
+    from trainguard.config.evals import EvalsConfig
+    from trainguard.config.load import load_recipe
+    from trainguard.evals.spec import check_examples, load_spec, require_use_case_eval
+
+    out_dir = Path(out_dir)
+    overrides = list(overrides or [])
+    inputs = {"BASE": base, **{f"--variant {n}": s for n, s in variants.items()}}
+    refuse_overwrite({"--out": out_dir}, {k: v for k, v in inputs.items() if Path(v).exists()})
+    for spec in evals:
+        check_examples(load_spec(spec))
+    require_use_case_eval(EvalsConfig(specs=evals))
+    first = load_recipe(recipe, overrides)  # a bad recipe or --set fails before any work
+    plan = _plan(base, variants, recipe, evals, list(range(seeds)), overrides)
+    check_writable(out_dir, folder=True)
+    data_dir = out_dir / "data"
+    with FolderLock(out_dir, "trainguard data ablate", flag="--out"):
+        manifest_path = out_dir / MANIFEST
+        manifest = _read_manifest(manifest_path)
+        if manifest is not None and manifest["plan"] != plan:
+            raise BadInputError(
+                f"--out {out_dir} holds a different ablation (its {MANIFEST} names another "
+                "base, variants, recipe, evals, seeds or --set)",
+                "give --out a new folder, or repeat the command that started this one",
+            )
+        if manifest is None or "data" not in manifest:
+            manifest = {"plan": plan}
+            atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
+            manifest.update(
+                _prepare(
+                    base, variants, first.data.text_field, data_dir, heldout_fraction, heldout_max
+                )
+            )
+            atomic_write_text(manifest_path, json.dumps(manifest, indent=1))
+        specs = [*plan["evals"], str(data_dir / f"{HELDOUT_TASK}.yaml"), *manifest["kept_specs"]]
+        names = {str(data_dir / f"{n}.jsonl"): n for n in [BASE, *variants]}
+        run_overrides = [
+            *overrides,
+            "data.prepared=null",
+            "data.text_field=text",
+            f"evals.specs={json.dumps(specs)}",
+            f"evals.interval={first.train.max_steps}",  # scored at the start and the end
+        ]
+        _, findings = run_grid(
+            recipe,
+            [("data.source", list(names)), ("train.seed", plan["seeds"])],
+            out_dir / "runs",
+            out_dir / "runs.csv",
+            runner=runner,
+            overrides=run_overrides,
+            jobs=jobs,
+            names=lambda cell: f"{names[cell['data.source']]}-seed{cell['train.seed']}",
+            command="trainguard data ablate",
+        )
+        scores = _final_scores(
+            out_dir / "runs", [BASE, *variants], plan["seeds"], first.train.max_steps, findings
+        )
+    report = {
+        "out": str(out_dir),
+        "heldout": manifest["heldout"],
+        "data": manifest["data"],
+        "seeds": seeds,
+        "scores": scores,
+        "variants": {},
+    }
+    report["variants"], more = compare(scores, list(variants), level)
+    return report, findings + more
+
+
+def _prepare(
+    base: str,
+    variants: dict[str, str],
+    text_field: str,
+    data_dir: Path,
+    fraction: float,
+    max_docs: int,
+) -> dict[str, Any]:
+    counts, texts = carve_heldout(base, text_field, fraction, max_docs, data_dir)
+    data, kept_specs = {}, []
+    for name, source in {BASE: base, **variants}.items():
+        written, present = write_training(
+            source, text_field, set(texts), data_dir / f"{name}.jsonl"
+        )
+        data[name] = {"source": source, **written}
+        if name != BASE and present:
+            kept = [texts[k] for k in sorted(present)]
+            kept_specs.append(str(write_heldout(data_dir, f"{KEPT_PREFIX}{name}", kept)))
+    return {"heldout": counts, "data": data, "kept_specs": kept_specs}
+
+
+def _final_scores(
+    runs_dir: Path, names: list[str], seeds: list[int], max_steps: int, findings: list[Finding]
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{data name: {seed: {metric: value}}} from each finished run's last evals row."""
+    scores: dict[str, dict[str, dict[str, float]]] = {n: {} for n in names}
+    for name in names:
+        for seed in seeds:
+            run_dir = runs_dir / f"{name}-seed{seed}"
+            rows = [r for r in read_metrics(run_dir) if r.get("kind") == "evals"]
+            if not rows or rows[-1].get("step") != max_steps:
+                findings.append(
+                    Finding.of(
+                        "D432",
+                        f"run {run_dir.name} has no evals at its last step {max_steps}: it "
+                        "is left out of the comparison",
+                        where=str(run_dir),
+                    )
+                )
+                continue
+            scores[name][str(seed)] = {
+                k: float(v)
+                for k, v in rows[-1].items()
+                if k.rsplit("/", 1)[-1] in _SCORED and isinstance(v, int | float)
+            }
+    return scores
+
+
+def compare(
+    scores: dict[str, dict[str, dict[str, float]]], variants: list[str], level: float = 0.95
+) -> tuple[dict[str, Any], list[Finding]]:
+    """Each variant against the base on every metric both have, paired by seed."""
+    out: dict[str, Any] = {}
+    findings: list[Finding] = []
+    base = scores.get(BASE, {})
+    for name in variants:
+        mine = scores.get(name, {})
+        seeds = sorted(set(base) & set(mine), key=int)
+        shared = {m for s in seeds for m in base[s]} & {m for s in seeds for m in mine[s]}
+        # Another variant's kept held-out set says nothing about this one.
+        shared = {
+            m
+            for m in shared
+            if not m.startswith(KEPT_PREFIX) or m.startswith(f"{KEPT_PREFIX}{name}/")
+        }
+        metrics = sorted(shared, key=lambda m: (m.startswith("ablation_"), m))
+        effects = []
+        for metric in metrics:
+            paired = [s for s in seeds if metric in base[s] and metric in mine[s]]
+            if not paired:
+                continue
+            e = paired_effect(
+                metric, [base[s][metric] for s in paired], [mine[s][metric] for s in paired], level
+            )
+            effects.append(e.to_dict())
+            if e.verdict != NO_DIFFERENCE:
+                code = "D430" if e.verdict == "worse" else "D431"
+                findings.append(
+                    Finding.of(
+                        code,
+                        f"variant {name} is {e.verdict} than base on {metric}: {e.diff:+.4g} "
+                        f"({level:.0%} CI [{e.low:+.4g}, {e.high:+.4g}], {e.seeds} seeds, paired "
+                        f"t p={e.p_t:.3g})",
+                        metric=metric,
+                        data={"variant": name, **e.to_dict()},
+                    )
+                )
+        seen = min((e["seeds"] for e in effects), default=0)
+        verdict = use_case_verdict(effects)
+        if effects and verdict == NO_DIFFERENCE:
+            use = [e["metric"] for e in effects if not e["metric"].startswith("ablation_")]
+            findings.append(
+                Finding.of(
+                    "D434",
+                    f"variant {name}: {NO_DIFFERENCE} on the use-case evals "
+                    f"({', '.join(use)}; {seen} seeds)",
+                    data={"variant": name, "verdict": NO_DIFFERENCE},
+                )
+            )
+        if effects and seen < MIN_SEEDS_FOR_SIGN_TEST:
+            findings.append(
+                Finding.of(
+                    "D433",
+                    f"variant {name}: only {seen} paired seed(s); the sign-flip test "
+                    f"cannot go below p={2 / 2**seen:.3g}, and an interval from so few seeds "
+                    "detects only large effects",
+                    data={"variant": name, "seeds": seen},
+                )
+            )
+        out[name] = {"seeds": seen, "verdict": verdict, "effects": effects}
+    return out, findings
+
+
+def use_case_verdict(effects: list[dict[str, Any]]) -> str:
+    """The variant's verdict on the use-case evals (not the held-out sets): `worse` when any
+    metric is worse, `better` when one is better and none worse, else NO_DIFFERENCE."""
+    verdicts = {e["verdict"] for e in effects if not e["metric"].startswith("ablation_")}
+    for v in ("worse", "better"):
+        if v in verdicts:
+            return v
+    return NO_DIFFERENCE
