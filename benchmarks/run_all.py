@@ -46,6 +46,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "bench_distributed": ["--steps", "10", "--skip", "2", "--rounds", "1"],
     "bench_wave": ["--seeds", "5"],
     "bench_restart": ["--rounds", "1"],
+    "bench_ablate": ["--seeds", "2", "--steps", "10"],
 }
 
 

@@ -27,7 +27,8 @@ from trainguard.ablation.heldout import (
     write_heldout,
     write_training,
 )
-from trainguard.ablation.stats import MIN_SEEDS_FOR_SIGN_TEST, NO_DIFFERENCE, paired_effect
+from trainguard.ablation.verdicts import BASE, compare
+from trainguard.data.corpus import iter_documents
 from trainguard.errors import BadInputError
 from trainguard.findings import Finding
 from trainguard.metrics.jsonl import read_metrics
@@ -37,7 +38,6 @@ from trainguard.util.inputs import read_text
 from trainguard.util.paths import refuse_overwrite
 from trainguard.util.runlock import FolderLock
 
-BASE = "base"
 MANIFEST = "ablation.json"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _SCORED = ("acc", "acc_norm", "bpb")  # per-task metrics worth comparing (not n, bpb_se)
@@ -66,10 +66,10 @@ def parse_variants(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _abs_spec(spec: str) -> str:
+def _abs_spec(path: str) -> str:
     # The runs read the specs from their own recipe files: a relative path must not depend
-    # on where that file lies.
-    return str(Path(spec).resolve()) if Path(spec).exists() else spec
+    # on where that file lies; and the same ablation named from another folder is the same.
+    return str(Path(path).resolve()) if Path(path).exists() else path
 
 
 def _plan(
@@ -81,8 +81,8 @@ def _plan(
     overrides: list[str],
 ) -> dict[str, Any]:
     return {
-        "base": base,
-        "variants": variants,
+        "base": _abs_spec(base),
+        "variants": {name: _abs_spec(source) for name, source in variants.items()},
         "recipe": str(Path(recipe).resolve()) if Path(recipe).is_file() else recipe,
         "evals": [_abs_spec(s) for s in evals],
         "seeds": seeds,
@@ -131,6 +131,8 @@ def run_ablation(
         check_examples(load_spec(spec))
     require_use_case_eval(EvalsConfig(specs=evals))
     first = load_recipe(recipe, overrides)  # a bad recipe or --set fails before any work
+    for source in inputs.values():  # a missing or empty source fails before OUT is made
+        next(iter_documents(source, first.data.text_field))
     plan = _plan(base, variants, recipe, evals, list(range(seeds)), overrides)
     check_writable(out_dir, folder=True)
     data_dir = out_dir / "data"
@@ -233,78 +235,3 @@ def _final_scores(
                 if k.rsplit("/", 1)[-1] in _SCORED and isinstance(v, int | float)
             }
     return scores
-
-
-def compare(
-    scores: dict[str, dict[str, dict[str, float]]], variants: list[str], level: float = 0.95
-) -> tuple[dict[str, Any], list[Finding]]:
-    """Each variant against the base on every metric both have, paired by seed."""
-    out: dict[str, Any] = {}
-    findings: list[Finding] = []
-    base = scores.get(BASE, {})
-    for name in variants:
-        mine = scores.get(name, {})
-        seeds = sorted(set(base) & set(mine), key=int)
-        shared = {m for s in seeds for m in base[s]} & {m for s in seeds for m in mine[s]}
-        # Another variant's kept held-out set says nothing about this one.
-        shared = {
-            m
-            for m in shared
-            if not m.startswith(KEPT_PREFIX) or m.startswith(f"{KEPT_PREFIX}{name}/")
-        }
-        metrics = sorted(shared, key=lambda m: (m.startswith("ablation_"), m))
-        effects = []
-        for metric in metrics:
-            paired = [s for s in seeds if metric in base[s] and metric in mine[s]]
-            if not paired:
-                continue
-            e = paired_effect(
-                metric, [base[s][metric] for s in paired], [mine[s][metric] for s in paired], level
-            )
-            effects.append(e.to_dict())
-            if e.verdict != NO_DIFFERENCE:
-                code = "D430" if e.verdict == "worse" else "D431"
-                findings.append(
-                    Finding.of(
-                        code,
-                        f"variant {name} is {e.verdict} than base on {metric}: {e.diff:+.4g} "
-                        f"({level:.0%} CI [{e.low:+.4g}, {e.high:+.4g}], {e.seeds} seeds, paired "
-                        f"t p={e.p_t:.3g})",
-                        metric=metric,
-                        data={"variant": name, **e.to_dict()},
-                    )
-                )
-        seen = min((e["seeds"] for e in effects), default=0)
-        verdict = use_case_verdict(effects)
-        if effects and verdict == NO_DIFFERENCE:
-            use = [e["metric"] for e in effects if not e["metric"].startswith("ablation_")]
-            findings.append(
-                Finding.of(
-                    "D434",
-                    f"variant {name}: {NO_DIFFERENCE} on the use-case evals "
-                    f"({', '.join(use)}; {seen} seeds)",
-                    data={"variant": name, "verdict": NO_DIFFERENCE},
-                )
-            )
-        if effects and seen < MIN_SEEDS_FOR_SIGN_TEST:
-            findings.append(
-                Finding.of(
-                    "D433",
-                    f"variant {name}: only {seen} paired seed(s); the sign-flip test "
-                    f"cannot go below p={2 / 2**seen:.3g}, and an interval from so few seeds "
-                    "detects only large effects",
-                    data={"variant": name, "seeds": seen},
-                )
-            )
-        out[name] = {"seeds": seen, "verdict": verdict, "effects": effects}
-    return out, findings
-
-
-def use_case_verdict(effects: list[dict[str, Any]]) -> str:
-    """The variant's verdict on the use-case evals (not the held-out sets): `worse` when any
-    metric is worse, `better` when one is better and none worse, else NO_DIFFERENCE."""
-    verdicts = {e["verdict"] for e in effects if not e["metric"].startswith("ablation_")}
-    for v in ("worse", "better"):
-        if v in verdicts:
-            return v
-    return NO_DIFFERENCE

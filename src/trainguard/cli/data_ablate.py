@@ -140,7 +140,9 @@ def register(app: typer.Typer) -> None:
             jobs, f"--jobs {jobs}", lambda n: f"pass --jobs {n}", oversubscribe=oversubscribe
         )
         plot = plot or out / "effects.png"
-        refuse_overwrite({"--plot": plot}, {"BASE": base})
+        inputs = {"BASE": base, **{f"--variant {n}": s for n, s in variants.items()}}
+        refuse_overwrite({"--out": out, "--plot": plot}, inputs)
+        check_writable(out, folder=True)
         check_writable(plot)
         report, findings = run_ablation(
             base,
