@@ -151,9 +151,13 @@ def run_grid(
             for t in todo:
                 one(*t)
         else:
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
+            pool = ThreadPoolExecutor(max_workers=jobs)
+            try:
                 for fut in [pool.submit(one, *t) for t in todo]:
                     fut.result()  # re-raise what a cell raised (an interrupt, a full disk)
+            finally:
+                # After an interrupt no new cell starts; the running ones end with their runs.
+                pool.shutdown(wait=True, cancel_futures=True)
         order = {t[0]: i for i, t in enumerate(todo)}
         rows.sort(key=lambda r: order[r["name"]])  # the grid's order, whatever finished first
         return rows, findings
