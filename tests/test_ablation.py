@@ -293,3 +293,45 @@ def test_after_an_interrupt_no_new_run_starts_with_jobs(tmp_path: Path) -> None:
     assert sorted(calls + more) == sorted(
         f"{n}-seed{s}" for n in ("base", "no_dom") for s in range(3)
     )
+
+
+@pytest.mark.slow
+def test_a_killed_ablation_continues_where_it_stopped(tmp_path: Path) -> None:
+    """SIGKILL the ablation once a run has a checkpoint: its runs die with it (launcher
+    token); the same command again resumes them from their checkpoints and finishes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from runhelpers import run_cli
+
+    d = planted_data(tmp_path / "d")
+    recipe = small_recipe(tmp_path / "r.yaml", tmp_path / "cache", steps=200)
+    out = tmp_path / "out"
+    args = [
+        *("data", "ablate", str(d["base"]), "--recipe", str(recipe), "--evals", str(d["spec"])),
+        *("--variant", f"no_dom={d['no_dom']}", "--seeds", "1", "--jobs", "2"),
+        *("--out", str(out), "--json"),
+    ]
+    env = {**os.environ, "CI": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainguard", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while not list(out.glob("runs/*/checkpoints/step-*")) and time.monotonic() < deadline:
+        assert proc.poll() is None, "the ablation ended before any checkpoint"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    res = run_cli(*args, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads(res.stdout)
+    assert doc["variants"]["no_dom"]["seeds"] == 1
+    logs = "".join(p.read_text() for p in out.glob("runs/*/metrics.jsonl"))
+    assert '"C150"' in logs  # at least one run resumed from its checkpoint, not from step 0
+    assert len((out / "runs.csv").read_text().splitlines()) == 3
