@@ -79,6 +79,7 @@ def _plan(
     evals: list[str],
     seeds: list[int],
     overrides: list[str],
+    heldout: dict[str, float],
 ) -> dict[str, Any]:
     return {
         "base": _abs_spec(base),
@@ -87,6 +88,7 @@ def _plan(
         "evals": [_abs_spec(s) for s in evals],
         "seeds": seeds,
         "overrides": overrides,
+        "heldout": heldout,
     }
 
 
@@ -133,7 +135,8 @@ def run_ablation(
     first = load_recipe(recipe, overrides)  # a bad recipe or --set fails before any work
     for source in inputs.values():  # a missing or empty source fails before OUT is made
         next(iter_documents(source, first.data.text_field))
-    plan = _plan(base, variants, recipe, evals, list(range(seeds)), overrides)
+    held = {"fraction": heldout_fraction, "max_docs": heldout_max}
+    plan = _plan(base, variants, recipe, evals, list(range(seeds)), overrides, held)
     check_writable(out_dir, folder=True)
     data_dir = out_dir / "data"
     with FolderLock(out_dir, "trainguard data ablate", flag="--out"):
@@ -142,7 +145,7 @@ def run_ablation(
         if manifest is not None and manifest["plan"] != plan:
             raise BadInputError(
                 f"--out {out_dir} holds a different ablation (its {MANIFEST} names another "
-                "base, variants, recipe, evals, seeds or --set)",
+                "base, variants, recipe, evals, seeds, --set or --heldout-docs)",
                 "give --out a new folder, or repeat the command that started this one",
             )
         if manifest is None or "data" not in manifest:

@@ -137,9 +137,16 @@ def run_grid(
         rows: list[dict[str, Any]] = []
         findings: list[Finding] = []
         csv_lock = threading.Lock()  # one CSV writer at a time: each append rewrites it
+        stop = threading.Event()  # set when a cell raised (an interrupt): start no other
 
         def one(name: str, cell: dict[str, Any], cell_recipe: Any) -> None:
-            row, finding = _run_cell(name, cell, cell_recipe, out_dir, runner)
+            if stop.is_set():
+                return
+            try:
+                row, finding = _run_cell(name, cell, cell_recipe, out_dir, runner)
+            except BaseException:
+                stop.set()
+                raise
             with csv_lock:
                 if finding is not None:
                     findings.append(finding)
@@ -156,7 +163,8 @@ def run_grid(
                 for fut in [pool.submit(one, *t) for t in todo]:
                     fut.result()  # re-raise what a cell raised (an interrupt, a full disk)
             finally:
-                # After an interrupt no new cell starts; the running ones end with their runs.
+                # After an interrupt no new cell starts (`stop`; the queue is dropped); the
+                # running ones end with their runs.
                 pool.shutdown(wait=True, cancel_futures=True)
         order = {t[0]: i for i, t in enumerate(todo)}
         rows.sort(key=lambda r: order[r["name"]])  # the grid's order, whatever finished first
