@@ -19,7 +19,8 @@ def plot_effects(variants: dict[str, Any], path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    metrics = sorted({e["metric"] for v in variants.values() for e in v["effects"]})
+    lower = {e["metric"]: e["lower_is_better"] for v in variants.values() for e in v["effects"]}
+    metrics = sorted(lower, key=lambda m: (m.startswith("ablation_"), m))  # use case first
     names = list(variants)
     fig, axes = plt.subplots(
         1,
@@ -49,7 +50,7 @@ def plot_effects(variants: dict[str, Any], path: str | Path) -> Path:
                 )
         ax.axvline(0.0, color="black", lw=0.8)
         ax.set_yticks(range(len(names)), names)
-        direction = "lower is better" if metric.endswith("bpb") else "higher is better"
+        direction = "lower is better" if lower[metric] else "higher is better"
         ax.set_title(f"{metric}\n(variant - base, {direction})", fontsize=8)
         ax.tick_params(labelsize=7)
     fig.tight_layout()

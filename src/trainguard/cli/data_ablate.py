@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from trainguard.cli._groups import group
-from trainguard.cli.common import console, emit
+from trainguard.cli.common import console, emit, err_console
 from trainguard.data.corpus import ACCEPTED
 from trainguard.errors import Interrupted, TrainguardError
 
@@ -46,6 +46,8 @@ def _runner(recipes_dir: Path):
         except ValueError:
             result = {}
         result = result if isinstance(result, dict) else {}
+        # Progress on stderr (stdout stays the report, or the JSON): minutes pass between.
+        err_console.print(f"data ablate: run {run_dir.name} ended with exit {proc.returncode}")
         if proc.returncode != 0 or not result.get("ok"):
             why = (result.get("error") or {}).get("message") or proc.stderr.strip()[-400:]
             raise TrainguardError(f"exit {proc.returncode}: {why}", f"see {run_dir}")
