@@ -48,6 +48,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "bench_wave": ["--seeds", "5"],
     "bench_long_wave": ["--seeds", "3", "--fa-seeds", "3"],
     "bench_restart": ["--rounds", "1"],
+    "bench_ablate": ["--seeds", "2", "--steps", "10"],
 }
 
 

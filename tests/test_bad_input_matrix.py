@@ -893,6 +893,106 @@ ROWS = [
         says=cannot("{out}/v.html"),
         fault="disk_full",
     ),
+    # --- data ablate ----------------------------------------------------------------------
+    # issue 25: data ablate (everything is checked before OUT is made or a run starts)
+    *[
+        row(
+            f"data-ablate-{name}",
+            *("data", "ablate", base, "--recipe", "{tiny}", "--evals", evals),
+            *("--out", out, *extra),
+            **kw,
+        )
+        for name, base, evals, out, extra, kw in [
+            (
+                "variant-without-data",
+                "{good}",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "nodata"),
+                {"says": ("NAME=DATA",)},
+            ),
+            (
+                "variant-named-base",
+                "{good}",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "base={good}"),
+                {"says": ("'base'",)},
+            ),
+            (
+                "variant-twice",
+                "{good}",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "v={good}", "--variant", "v={good}"),
+                {"says": ("twice",)},
+            ),
+            (
+                "base-missing",
+                "{inputs}/missing.jsonl",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "v={good}"),
+                {"says": NOT_EXIST},
+            ),
+            (
+                "variant-missing",
+                "{good}",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "v={inputs}/missing.jsonl"),
+                {"says": NOT_EXIST},
+            ),
+            (
+                "evals-bad-regex",
+                "{good}",
+                "{spec_regex}",
+                "{out}/abl",
+                ("--variant", "v={good}"),
+                {"says": ("E118",)},
+            ),
+            (
+                "evals-missing",
+                "{good}",
+                "{inputs}/missing.yaml",
+                "{out}/abl",
+                ("--variant", "v={good}"),
+                {"says": NOT_EXIST},
+            ),
+            (
+                "bad-set",
+                "{good}",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "v={good}", "--set", "train.max_steps=-1"),
+                {"says": ("max_steps",)},
+            ),
+            (
+                "too-many-jobs",
+                "{good}",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "v={good}", "--jobs", "100000"),
+                {"says": ("--jobs 100000",)},
+            ),
+            (
+                "out-is-base",
+                "{good}",
+                "python_next_line",
+                "{good}",
+                ("--variant", "v={good}"),
+                {"says": ("{good}",)},
+            ),
+            (
+                "out-under-a-file",
+                "{good}",
+                "python_next_line",
+                "{afile}/abl",
+                ("--variant", "v={good}"),
+                {"exit": 1, "says": cannot("{afile}")},
+            ),
+        ]
+    ],
     # --- data check-chat -------------------------------------------------------------------
     # issue 25: data check-chat
     row(

@@ -57,6 +57,7 @@ FLOORS: dict[str, int] = {
     "dedup": 3,
     "filters": 3,
     "scaling": 3,
+    "ablation": 3,
     "goodput": 3,
     "report": 3,
     "doctor": 3,

@@ -4,7 +4,9 @@ Each cell is a normal guarded run of the recipe with the cell's overrides, in it
 The runner is injected (the CLI passes `train.run.run_recipe`): scaling sits below the run in
 the layers (docs/architecture.md) and never imports it. Rows (name, params, tokens, loss,
 run_dir) are appended to the CSV as each cell finishes, so an interrupted grid keeps what it
-has; cells already in the CSV are skipped.
+has; cells already in the CSV are skipped. `jobs` cells run at once (threads that each wait on
+their runner: the runner starts a process of its own, as `data ablate`'s does; an in-process
+runner such as `scale run`'s sets process-wide torch state and runs one at a time).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +105,14 @@ def run_grid(
     *,
     runner: Runner,
     overrides: list[str] | None = None,
+    jobs: int = 1,
+    names: Callable[[dict[str, Any]], str] = cell_name,
+    command: str = "trainguard scale run",
 ) -> tuple[list[dict[str, Any]], list[Finding]]:
-    """Run every cell not yet in the CSV with `runner(recipe, run_dir)`; returns (rows written
-    now, findings).
+    """Run every cell not yet in the CSV with `runner(recipe, run_dir)`, `jobs` at a time;
+    returns (rows written now, findings). `names(cell)` names a cell's run dir and CSV row.
 
-    The output folder is locked for the whole grid (`OUT/.lock`): a second `scale run` on it
+    The output folder is locked for the whole grid (`OUT/.lock`): a second `command` on it
     exits 2 naming the holder."""
     from trainguard.config.load import load_recipe
 
@@ -122,58 +129,69 @@ def run_grid(
         load_recipe(recipe, [*(overrides or []), *(f"{k}={v}" for k, v in c.items())])
         for c in cells
     ]
-    with FolderLock(out_dir, "trainguard scale run", flag="--out"):
+    with FolderLock(out_dir, command, flag="--out"):
         csv_path.parent.mkdir(parents=True, exist_ok=True)
-        return _run_cells(cells, recipes, out_dir, csv_path, runner)
+        done = done_cells(csv_path)
+        todo = [(names(c), c, r) for c, r in zip(cells, recipes, strict=True)]
+        todo = [t for t in todo if t[0] not in done]
+        rows: list[dict[str, Any]] = []
+        findings: list[Finding] = []
+        csv_lock = threading.Lock()  # one CSV writer at a time: each append rewrites it
+        stop = threading.Event()  # set when a cell raised (an interrupt): start no other
+
+        def one(name: str, cell: dict[str, Any], cell_recipe: Any) -> None:
+            if stop.is_set():
+                return
+            try:
+                row, finding = _run_cell(name, cell, cell_recipe, out_dir, runner)
+            except BaseException:
+                stop.set()
+                raise
+            with csv_lock:
+                if finding is not None:
+                    findings.append(finding)
+                    return
+                append_row(csv_path, row)
+                rows.append(row)
+
+        if jobs <= 1:
+            for t in todo:
+                one(*t)
+        else:
+            pool = ThreadPoolExecutor(max_workers=jobs)
+            try:
+                for fut in [pool.submit(one, *t) for t in todo]:
+                    fut.result()  # re-raise what a cell raised (an interrupt, a full disk)
+            finally:
+                # After an interrupt no new cell starts (`stop`; the queue is dropped); the
+                # running ones end with their runs.
+                pool.shutdown(wait=True, cancel_futures=True)
+        order = {t[0]: i for i, t in enumerate(todo)}
+        rows.sort(key=lambda r: order[r["name"]])  # the grid's order, whatever finished first
+        return rows, findings
 
 
-def _run_cells(
-    cells: list[dict[str, Any]],
-    recipes: list[Any],
-    out_dir: Path,
-    csv_path: Path,
-    runner: Runner,
-) -> tuple[list[dict[str, Any]], list[Finding]]:
-    done = done_cells(csv_path)
-    rows, findings = [], []
-    for cell, cell_recipe in zip(cells, recipes, strict=True):
-        name = cell_name(cell)
-        if name in done:
-            continue
-        run_dir = out_dir / name
-        try:
-            result = runner(cell_recipe, run_dir)
-        except TrainguardError as e:
-            findings.append(
-                Finding.of(
-                    "E161",
-                    f"gating run {name} failed: {e.message}",
-                    where=str(run_dir),
-                    data={"cell": cell},
-                )
-            )
-            continue
-        loss = getattr(result, "final_val_loss", None)
-        if loss is None or loss != loss:  # None or NaN
-            findings.append(
-                Finding.of(
-                    "E161",
-                    f"gating run {name} produced no validation loss",
-                    where=str(run_dir),
-                    data={"cell": cell},
-                )
-            )
-            continue
-        row = {
-            "name": name,
-            "params": int(result.params),
-            "tokens": int(result.tokens),
-            "loss": float(loss),
-            "run_dir": str(run_dir),
-        }
-        append_row(csv_path, row)
-        rows.append(row)
-    return rows, findings
+def _run_cell(
+    name: str, cell: dict[str, Any], cell_recipe: Any, out_dir: Path, runner: Runner
+) -> tuple[dict[str, Any], Finding | None]:
+    run_dir = out_dir / name
+    try:
+        result = runner(cell_recipe, run_dir)
+    except TrainguardError as e:
+        msg = f"gating run {name} failed: {e.message}"
+        return {}, Finding.of("E161", msg, where=str(run_dir), data={"cell": cell})
+    loss = getattr(result, "final_val_loss", None)
+    if loss is None or loss != loss:  # None or NaN
+        msg = f"gating run {name} produced no validation loss"
+        return {}, Finding.of("E161", msg, where=str(run_dir), data={"cell": cell})
+    row = {
+        "name": name,
+        "params": int(result.params),
+        "tokens": int(result.tokens),
+        "loss": float(loss),
+        "run_dir": str(run_dir),
+    }
+    return row, None
 
 
 def read_runs_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
