@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from test_checkpoint_staging import FILES, GatedLayout, layout_recipe, train_step, training
-from test_run_loop import recipe_for, run_in_process  # noqa: F401 (a fixture)
 
 from loophelpers import run_state
+from test_checkpoint_staging import FILES, GatedLayout, layout_recipe, train_step, training
+from test_run_loop import recipe_for, run_in_process  # noqa: F401 (a fixture)
 from trainguard import ElasticSampler
 from trainguard.checkpoint.checkpointer import Checkpointer
 from trainguard.errors import BadInputError
@@ -51,9 +50,7 @@ def test_saves_every_step_queue_while_the_writer_is_held_and_stay_bitwise(
     write has not started to write; save 4 finds 3 held and waits for the oldest. Every
     file equals a save in the loop's, so no queued snapshot's copy was overwritten by a later
     one; the copies held are 3 sets, never more."""
-    model, opt, progress, state, layout, checkpointer = saving(
-        background_copy, tmp_path, queue=3
-    )
+    model, opt, progress, state, layout, checkpointer = saving(background_copy, tmp_path, queue=3)
     in_loop = Checkpointer(
         tmp_path / "sync", keep=10, layout=RunLayout(layout_recipe(), layout.env)
     )
@@ -184,7 +181,9 @@ class OpenAt(Callback):
 
 
 def test_the_run_trains_on_with_a_save_every_step_until_the_queue_is_full(
-    recipe_for, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    recipe_for,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ) -> None:
     """checkpoint.interval 1, queue 3, every write held until step 4 begins: steps 1-3 save
     and train on with nothing committed (a loop waiting for a write would never reach step 4
@@ -204,7 +203,9 @@ def test_the_run_trains_on_with_a_save_every_step_until_the_queue_is_full(
 
 
 def test_the_run_skips_saves_that_would_wait_and_reports_them(
-    recipe_for, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    recipe_for,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ) -> None:
     """when_full: skip with a queue of 1 and the first write held until step 4 begins: steps
     2 and 3 are skipped (C124 in the run's findings), step 4, the last, waits and is saved."""

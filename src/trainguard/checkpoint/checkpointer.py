@@ -277,9 +277,7 @@ class Checkpointer:
                     location, findings = info.location, info.findings
                 except Exception as e:
                     err = e
-            outcome = self._writer_group.broadcast(
-                (location, failure_text(err), _dicts(findings))
-            )
+            outcome = self._writer_group.broadcast((location, failure_text(err), _dicts(findings)))
             if err is not None:
                 raise err
             if outcome[1] is not None:
