@@ -18,6 +18,9 @@ the load average before and after, and the machine line.
 
     python benchmarks/bench_run_checkpoint_stall.py [--intervals 1,2,4,15] [--steps 30]
         [--rounds 3] [--modes queue1,queue2,skip] [--set model.d_model=256 ...]
+
+`--modes queue1,sync` is the comparison of the earlier rows of docs/benchmarks.md (background
+write vs write in the loop).
 """
 
 from __future__ import annotations
@@ -116,7 +119,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default="default")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--intervals", default="1,2,4,15")
+    ap.add_argument("--intervals", "--interval", default="1,2,4,15")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="queue1,queue2,skip")
     ap.add_argument(
