@@ -275,6 +275,15 @@ ROWS = [
             ("empty", "[]", ("batch_ramp is empty",)),
         )
     ],
+    # issue 26: stall (the checkpoint queue's settings)
+    row(
+        "run-checkpoint-queue-zero", "run", "{tiny}", "--set", "checkpoint.queue=0", says=("queue",)
+    ),
+    row(
+        "run-checkpoint-when-full-drop",
+        *("run", "{tiny}", "--set", "checkpoint.when_full=drop"),
+        says=("when_full", "wait", "skip"),
+    ),
     # --- batch ------------------------------------------------------------------------------
     row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
     row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),

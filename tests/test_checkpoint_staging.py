@@ -181,11 +181,13 @@ def test_copies_in_the_loops_thread_run_on_one_thread_and_the_count_is_restored(
     assert torch.get_num_threads() == 2
 
 
+@pytest.mark.parametrize("queue", [1, 2])
 def test_the_writer_threads_copy_leaves_the_thread_count_alone(
-    tmp_path: Path, torch_globals: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, torch_globals: None, monkeypatch: pytest.MonkeyPatch, queue: int
 ) -> None:
     """`torch.set_num_threads` sets MKL's thread count for the whole process: from the writer
-    thread it would change the count under the loop's matrix products (and their bits)."""
+    thread it would change the count under the loop's matrix products (and their bits). With
+    a queue the copy has a thread of its own (trainguard-copier), under the same rule."""
     model, opt = training("adamw")
     train_step(model, opt)
     state = run_state(model, opt, ElasticSampler(100, global_batch_size=2, seed=0))
@@ -194,6 +196,7 @@ def test_the_writer_threads_copy_leaves_the_thread_count_alone(
         async_save=True,
         background_copy=True,
         layout=RunLayout(layout_recipe(), {}),
+        queue=queue,
     )
     copied_in: list[str] = []
     set_in: list[str] = []
@@ -210,14 +213,15 @@ def test_the_writer_threads_copy_leaves_the_thread_count_alone(
     monkeypatch.setattr(torch, "_foreach_copy_", recording_copy)
     monkeypatch.setattr(torch, "set_num_threads", recording_set)
     try:
-        for step in (1, 2):  # 2 refills the buffers, through _foreach_copy_
+        for step in range(1, queue + 2):  # the last refills a slot, through _foreach_copy_
             checkpointer.save(step, state)
             checkpointer.wait_copied()
             train_step(model, opt)
         checkpointer.close()
     finally:
         monkeypatch.undo()
-    assert copied_in and all(n.startswith("trainguard-checkpointer") for n in copied_in)
+    thread = "trainguard-checkpointer" if queue == 1 else "trainguard-copier"
+    assert copied_in and all(n.startswith(thread) for n in copied_in)
     assert set_in == []
 
 

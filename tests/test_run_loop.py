@@ -186,10 +186,10 @@ def test_the_loop_trains_on_while_a_checkpoint_is_written(
     seen: dict[int, bool] = {}
     real_copy, copied_after_step_3 = layout.RunLayout._copy_into, []
 
-    def held_copy(self: Any, files: Any, parts: Any) -> None:
+    def held_copy(self: Any, files: Any, parts: Any, *staging: Any) -> None:
         if files.trainer["step"] == 2:
             copied_after_step_3.append(gate.wait(timeout=1.0))  # True: step 3 went on
-        real_copy(self, files, parts)
+        real_copy(self, files, parts, *staging)
 
     def gated_write(folder: Path, files: Any) -> None:
         if files.trainer["step"] == 2:
@@ -239,10 +239,10 @@ def test_a_transient_bitflip_waits_for_the_previous_checkpoints_copy(
     in_backward = threading.Event()
     real_copy, real_at = layout.RunLayout._copy_into, FaultPlan.at
 
-    def late_copy(self: Any, files: Any, parts: Any) -> None:
+    def late_copy(self: Any, files: Any, parts: Any, *staging: Any) -> None:
         if files.trainer["step"] == 4:
             in_backward.wait(timeout=1.0)
-        real_copy(self, files, parts)
+        real_copy(self, files, parts, *staging)
 
     def at(self: FaultPlan, phase: str, step: int) -> None:
         if phase == "backward" and step == 5:

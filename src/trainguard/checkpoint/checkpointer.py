@@ -43,6 +43,7 @@ from trainguard.checkpoint.resume import (
 )
 from trainguard.checkpoint.retry import RetryPolicy
 from trainguard.checkpoint.rng import capture_rng
+from trainguard.checkpoint.save_queue import SaveQueue, check_queue
 from trainguard.checkpoint.store import CheckpointStore
 from trainguard.errors import BadInputError, StorageError
 from trainguard.findings import Finding
@@ -73,7 +74,13 @@ class Checkpointer:
     run`'s) moves the copy of the weights and the optimizer state out of `save` too: it is the
     writer thread's first work, beside the caller's next forward and backward, and the caller
     calls `wait_copied()` before anything changes them (the optimizer step, a load). Other
-    layouts copy inside `save`, as without it."""
+    layouts copy inside `save`, as without it.
+
+    `queue` (with `async_save`): how many snapshots may be held at once, the one being written
+    included; a save waits for the oldest write only when that many are held, or with
+    `when_full="skip"` returns a skipped handle (C124) instead. Memory: up to `queue` copies
+    of the saved state. The default 1 waits for the previous write at every save
+    (save_queue.py says more; sharded saves always wait for the previous one)."""
 
     def __init__(
         self,
@@ -89,6 +96,8 @@ class Checkpointer:
         cache_dir: str | Path | None = None,
         on_phase: Callable[[str, int], None] | None = None,
         background_copy: bool = False,
+        queue: int = 1,
+        when_full: str = "wait",
     ) -> None:
         if rate_limit_mb_s is not None and rate_limit_mb_s <= 0:
             raise BadInputError(
@@ -100,6 +109,7 @@ class Checkpointer:
                 "background_copy=True copies the state in the writer thread of an async save",
                 "pass async_save=True with it, or leave background_copy out",
             )
+        check_queue(queue, when_full, bool(async_save))
         if sharded not in (None, True, False):
             raise BadInputError(f"sharded={sharded!r}", "pass None (detect), True or False")
         self.root = str(path_or_url)
@@ -107,6 +117,12 @@ class Checkpointer:
         self.background_copy = bool(background_copy)
         self.layout: Layout = layout or FlatLayout()
         self.group = CheckpointGroup()
+        # With a queue the writer thread's outcome broadcast may overlap the next save's
+        # collectives in the caller's thread: it gets a group of its own (collective to make,
+        # like the first: every rank passes the same queue).
+        self._writer_group = self.group
+        if self.group.active and async_save and (queue > 1 or when_full != "wait"):
+            self._writer_group = CheckpointGroup()
         node_cache, staging = None, None
         if is_remote(self.root):
             node_cache = NodeCache(cache_dir) if cache_dir is not None else NodeCache()
@@ -131,13 +147,17 @@ class Checkpointer:
         self.last_path: Path | None = None
         self.last_meta: dict[str, Any] = {}
         self._executor: ThreadPoolExecutor | None = None
-        self._pending: AsyncSave | None = None
+        self._queue = SaveQueue(queue, when_full)
+        self.queue_depth, self.when_full = queue, when_full
+        self._copier: ThreadPoolExecutor | None = None  # background copies beside a write
         self._copied: threading.Event | None = None  # set once a background copy is made
         self._housekeeping: list[Future[None]] = []  # background retention
         if self.async_save:
             # The writer thread starts now, not inside the first save: `Thread.start` waits
             # until the new thread has run, which on a busy machine is a wait for a free core.
             self._background().submit(lambda: None)
+            if self.background_copy and queue > 1:
+                self._copy_thread().submit(lambda: None)
 
     @property
     def sharded_io(self) -> ShardedIO:
@@ -150,19 +170,41 @@ class Checkpointer:
 
     # -- saving --------------------------------------------------------------------------------
     def save(
-        self, step: int, state: dict[str, Any], meta: dict[str, Any] | None = None
+        self,
+        step: int,
+        state: dict[str, Any],
+        meta: dict[str, Any] | None = None,
+        *,
+        may_skip: bool = True,
     ) -> str | AsyncSave:
         """Save `state` as step `step` (completed steps); collective. Returns the checkpoint's
         path or URL, or with `async_save=True` an AsyncSave handle (the state is captured
         before this returns, so the caller may change it right away; with `background_copy`,
         once `wait_copied()` has returned). `meta`: plain data for
-        the manifest's `meta` (e.g. what the data was), read back as `last_meta`."""
+        the manifest's `meta` (e.g. what the data was), read back as `last_meta`. With
+        `when_full="skip"` a save that finds the queue full returns a handle with `skipped`
+        (C124 in its `findings`) unless `may_skip=False` (it waits for room then)."""
         t0 = time.perf_counter()
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise BadInputError(f"step={step!r}", "pass the number of completed steps, an int >= 0")
         parts = classify(state)
-        self._drain()
         sharded = self._is_sharded(parts)
+        waited = 0.0
+        if sharded:  # DCP's async staging is one buffer: one write at a time
+            self._drain()
+        elif self.async_save:
+            self._queue.reap()
+            if self._queue.when_full == "skip" and may_skip:
+                full = [self._queue.full()]
+                if self.group.active:  # every rank skips, or none does
+                    full = self.group.all_gather(full[0])
+                if any(full):
+                    return self._queue.skipped(step, time.perf_counter() - t0)
+            waited = self._queue.make_room()
+        slot = self._queue.free_slot() if self.async_save else 0
+        use_slot = getattr(self.layout, "use_slot", None)
+        if use_slot is not None and not sharded:
+            use_slot(slot)
         meta = {
             **(meta or {}),
             "checkpointer": {
@@ -185,14 +227,21 @@ class Checkpointer:
             job = self._plain_job(step, parts, self.group.all_gather(capture_rng()), meta)
         if not self.async_save:
             return self._finish(*job())
+        found: list[Finding] = []  # the handle's findings, once written
+
+        def run_job() -> str:
+            location, findings = job()
+            found.extend(findings)
+            return self._finish(location, findings)
+
         try:
-            future = self._background().submit(lambda: self._finish(*job()))
+            future = self._background().submit(run_job)
         except BaseException:
             self._copied = None  # no job, no copy to wait for
             raise
-        handle = AsyncSave(future, 0.0)
-        handle.stall_s = time.perf_counter() - t0
-        self._pending = handle
+        handle = AsyncSave(future, 0.0, step=step, findings=found)
+        handle.stall_s, handle.waited_s, handle.slot = time.perf_counter() - t0, waited, slot
+        self._queue.add(handle)
         return handle
 
     def _plain_job(self, step: int, parts: list[Part], rng: list[dict], meta: dict) -> Job:
@@ -210,21 +259,25 @@ class Checkpointer:
                 error = e
         self._agree(error, "capture the state for the checkpoint")
         copied = self._copied = threading.Event() if copy is not None else None
+        copying: Future[None] | None = None
+        if copy is not None and self._queue.depth > 1:
+            # Its own thread: in the writer's, the copy would wait for the writes queued
+            # before it, and the caller's optimizer step for the copy (`wait_copied`).
+            copying = self._copy_thread().submit(_copy_then_set, copy, copied)
 
         def job() -> tuple[str, list[Finding]]:
             location, findings, err = None, [], None
             if self.group.rank == 0:
                 try:
-                    if copy is not None and copied is not None:
-                        try:  # first: the caller waits for it before its optimizer step
-                            copy()
-                        finally:
-                            copied.set()
+                    if copying is not None:
+                        copying.result()  # the copy's error is this save's
+                    elif copy is not None and copied is not None:
+                        _copy_then_set(copy, copied)  # first: the caller waits for it
                     info = self.store.save(step, lambda d: self.layout.write(d, snapshot), meta)
                     location, findings = info.location, info.findings
                 except Exception as e:
                     err = e
-            outcome = self.group.broadcast((location, failure_text(err), _dicts(findings)))
+            outcome = self._writer_group.broadcast((location, failure_text(err), _dicts(findings)))
             if err is not None:
                 raise err
             if outcome[1] is not None:
@@ -240,6 +293,28 @@ class Checkpointer:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="trainguard-checkpointer")
         return self._executor
+
+    def _copy_thread(self) -> ThreadPoolExecutor:
+        """One thread for background copies when writes are queued (`queue` > 1)."""
+        if self._copier is None:
+            self._copier = ThreadPoolExecutor(1, thread_name_prefix="trainguard-copier")
+        return self._copier
+
+    @property
+    def queue_counts(self) -> dict[str, int]:
+        """Async saves handed to the writer, of them queued behind another write, that waited
+        for room in the queue; saves skipped (C124)."""
+        return dict(self._queue.counts)
+
+    def make_room(self) -> float:
+        """Wait until an async save can be queued without waiting (for the oldest writes,
+        counted in `queue_counts`); the seconds waited. A failed write's error is raised."""
+        return self._queue.make_room()
+
+    def pending_saves(self) -> int:
+        """Async saves queued or being written now."""
+        self._queue.reap()
+        return len(self._queue.pending)
 
     def _prune(self, step: int) -> None:
         _deleted, findings = self.store.prune(protect=step)
@@ -264,15 +339,8 @@ class Checkpointer:
             copied.wait()
 
     def _drain(self) -> None:
-        """Wait for the async save in flight; raise its error if nobody has seen it."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        wait([pending.future])
-        error = pending.future.exception()
-        if error is not None and not pending.observed:
-            pending.observed = True
-            raise error
+        """Wait for the async saves held; raise the first error nobody has seen."""
+        self._queue.drain()
 
     def close(self) -> None:
         """Wait for an async save in flight (raising its error if never waited for)."""
@@ -283,6 +351,9 @@ class Checkpointer:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            if self._copier is not None:
+                self._copier.shutdown(wait=True)
+                self._copier = None
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -438,6 +509,13 @@ class Checkpointer:
                 f.severity, logging.INFO
             )
             log.log(level, "%s", f)
+
+
+def _copy_then_set(copy: Callable[[], None], copied: threading.Event) -> None:
+    try:
+        copy()
+    finally:
+        copied.set()
 
 
 def _dicts(findings: list[Finding]) -> list[dict]:

@@ -56,12 +56,29 @@ class SaveHandle:
 
 class AsyncSave:
     """The handle `save` returns with `async_save=True`. `wait()` returns the checkpoint's
-    path or raises the error of the background write; `stall_s` is how long `save` blocked
-    (with `background_copy`, the caller's later `wait_copied` is not in it)."""
+    path or raises the error of the background write (None for a skipped save); `stall_s` is
+    how long `save` blocked (with `background_copy`, the caller's later `wait_copied` is not in
+    it), `waited_s` the part of it spent waiting for room in the queue. `queued`: how many
+    earlier writes were held when it was queued (0: the writer was free); `skipped`: True when
+    the queue was full and nothing was saved (`when_full="skip"`, C124 in `findings`);
+    `findings`: the save's, once it is done."""
 
-    def __init__(self, future: Future[str], stall_s: float) -> None:
+    def __init__(
+        self,
+        future: Future[str],
+        stall_s: float,
+        *,
+        step: int | None = None,
+        findings: list[Finding] | None = None,
+    ) -> None:
         self.future, self.stall_s = future, stall_s
+        self.step = step
+        self.findings: list[Finding] = findings if findings is not None else []
         self.observed = False
+        self.waited_s = 0.0
+        self.queued = 0
+        self.skipped = False
+        self.slot = 0  # the layout's copy buffers it reads (`SaveQueue.free_slot`)
 
     def wait(self, timeout: float | None = None) -> str:
         self.observed = True

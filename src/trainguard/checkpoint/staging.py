@@ -25,13 +25,14 @@ not be used: `torch.set_num_threads` also sets MKL's thread count, for the whole
 the loop's matrix products; there the copy runs beside the loop's forward and backward, and the
 loop waits for it (`Checkpointer.wait_copied`) only if the forward and backward end first.
 
-Refilling is safe because the Checkpointer waits for the previous write before it takes a
-snapshot (one write at a time): nothing reads the buffers while they are refilled. Tensors that
-share a storage stay shared in the copy (tied weights are stored once); state whose tensors are
-views into a larger storage, or share one in another shape, is deep-copied (a module's state
-dict, never the module: its other attributes may be changing in a forward beside the writer
-thread), so the files are byte for byte those a save in the loop writes. Buffers whose
-shapes, dtypes or devices no longer match are allocated afresh."""
+Refilling is safe because nothing reads the buffers while they are refilled: the layout keeps
+one `Staging` per snapshot the Checkpointer may hold (`Checkpointer(queue=N)`, save_queue.py),
+and the Checkpointer names for each save one whose previous write has ended (`use_slot`).
+Tensors that share a storage stay shared in the copy (tied weights are stored once); state
+whose tensors are views into a larger storage, or share one in another shape, is deep-copied
+(a module's state dict, never the module: its other attributes may be changing in a forward
+beside the writer thread), so the files are byte for byte those a save in the loop writes.
+Buffers whose shapes, dtypes or devices no longer match are allocated afresh."""
 
 from __future__ import annotations
 

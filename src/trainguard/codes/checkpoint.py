@@ -352,6 +352,27 @@ register(
         "from the last committed checkpoint. If the same rank keeps dying, check its host.",
         references=_DCP,
     ),
+    Code(
+        code="C124",
+        title="Checkpoint skipped: the queue of background writes was full",
+        severity="info",
+        catches="An asynchronous save that came while as many earlier snapshots as the queue "
+        "holds (`Checkpointer(queue=N)`, `checkpoint.queue`) were still queued or being "
+        "written, with `when_full='skip'` (`checkpoint.when_full: skip`): nothing was saved "
+        "for that step.",
+        why="Saving anyway would stop the loop until storage caught up, the stall the setting "
+        "was chosen to avoid; but a failure now loses the steps back to the newest committed "
+        "checkpoint, so the effective interval is longer than the one asked for.",
+        fix="Nothing is lost: the earlier snapshots are still written, and the last save of a "
+        "run always waits. For a checkpoint at every interval use `when_full: wait`, a longer "
+        "queue (memory: one copy of the state per slot), a longer interval or faster storage.",
+        references=(
+            "Mohan et al., 'CheckFreq: Frequent, Fine-Grained DNN Checkpointing' (FAST 2021): "
+            "snapshot in memory, persist in the background, adapt the frequency to the cost",
+            "Wang et al., 'Gemini: Fast Failure Recovery in Distributed Training with "
+            "In-Memory Checkpoints' (SOSP 2023)",
+        ),
+    ),
 )
 
 # --- C150-C159 resume (the run's orchestration) ---------------------------------------------------

@@ -34,6 +34,8 @@ RESUMABLE_KEYS = frozenset(
         "metrics.wandb_mode",
         "preflight.doctor",
         "checkpoint.async_save",
+        "checkpoint.queue",
+        "checkpoint.when_full",
         "reference.path",
         "reference.enabled",
         "reference.force",

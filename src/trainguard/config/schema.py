@@ -225,6 +225,15 @@ class CheckpointConfig(_Section):
     for that copy before its update), then writes, verifies and prunes; the next save and the
     end of the run wait for the write. A crash mid-write leaves the previous checkpoint as it
     was. `false` writes in the loop (the same files)."""
+    queue: int = Field(2, ge=1)
+    """With `async_save`: how many snapshots may be held at once, the one being written
+    included. A save waits for the oldest write only when this many are held (1: every save
+    waits for the previous write). Memory: up to this many copies of the weights and the
+    optimizer state, on their device, besides the live ones."""
+    when_full: Literal["wait", "skip"] = "wait"
+    """With `async_save`, a save that finds the queue full: `wait` for room, or `skip` it (an
+    info finding, C124) so the loop never waits for storage; the last save of a run always
+    waits."""
 
 
 class PreflightConfig(_Section):

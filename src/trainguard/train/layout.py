@@ -84,17 +84,32 @@ class RunLayout:
         self.env = env
         self.on_written = on_written
         self._checked: dict[str, CheckpointContent] = {}  # rank 0 reads a step once
-        self.staging = Staging()  # the copies an asynchronous save writes from
+        # The copies asynchronous saves write from: one set per snapshot the Checkpointer
+        # may hold at once (its `queue`), the one the next save fills named by `use_slot`.
+        self.stagings = [Staging()]
+        self.slot = 0
         self.loaded_env: dict[str, Any] | None = None  # env.json of the step `read` restored
         self.schedule: LrSchedule | None = None
         """The LR schedule the run trains on, saved in trainer.json (`schedule`)."""
         self.loaded_schedule: list[dict[str, Any]] | None = None  # the restored step's, if any
 
+    @property
+    def staging(self) -> Staging:
+        """The copy buffers the next snapshot fills."""
+        return self.stagings[self.slot]
+
+    def use_slot(self, slot: int) -> None:
+        """Fill slot `slot`'s buffers at the next snapshot: the Checkpointer names one that no
+        queued or running write reads (`SaveQueue.free_slot`)."""
+        while len(self.stagings) <= slot:
+            self.stagings.append(Staging())
+        self.slot = slot
+
     def snapshot(self, parts: list[Part], rng: list[dict[str, Any]], copy: bool) -> Any:
         files = self._files(parts, rng, copy)
         if copy:  # an asynchronous save: the loop changes the originals right after this
             with one_thread():  # checkpoint/staging.py says why
-                self._copy_into(files, parts)
+                self._copy_into(files, parts, self.staging)
         else:
             files.optimizer = _by_key(parts)["optimizer"].value.state_dict()
         return files
@@ -109,13 +124,13 @@ class RunLayout:
         callable): a forward may change them (BatchNorm's running statistics)."""
         if next(_by_key(parts)["model"].value.buffers(), None) is not None:
             return self.snapshot(parts, rng, True), None
-        files = self._files(parts, rng, True)
-        return files, lambda: self._copy_into(files, parts)
+        files, staging = self._files(parts, rng, True), self.staging  # the slot of this save
+        return files, lambda: self._copy_into(files, parts, staging)
 
-    def _copy_into(self, files: CheckpointFiles, parts: list[Part]) -> None:
+    def _copy_into(self, files: CheckpointFiles, parts: list[Part], staging: Staging) -> None:
         p = _by_key(parts)
-        files.model = self.staging.model(p["model"].value)
-        files.optimizer = self.staging.tree(p["optimizer"].value.state_dict())
+        files.model = staging.model(p["model"].value)
+        files.optimizer = staging.tree(p["optimizer"].value.state_dict())
 
     def _files(self, parts: list[Part], rng: list[dict[str, Any]], copy: bool) -> CheckpointFiles:
         """The files of a checkpoint of `parts` now, but for the weights and the optimizer

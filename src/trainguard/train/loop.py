@@ -32,9 +32,9 @@ class Loop:
     faults: FaultPlan = field(default_factory=FaultPlan)
     checkpoint_meta: dict[str, Any] = field(default_factory=dict)
     """Written into each checkpoint's manifest (the data's identity, for D104 on resume)."""
-    writing: tuple[int, AsyncSave] | None = None
-    """The checkpoint being written in the background (`checkpoint.async_save`): its step and
-    the Checkpointer's handle."""
+    writing: list[tuple[int, AsyncSave]] = field(default_factory=list)
+    """The checkpoints queued or being written in the background (`checkpoint.async_save`),
+    oldest first: each one's step and the Checkpointer's handle."""
 
     def step_tokens(self, step: int) -> int:
         """Tokens the 1-based step `step` reads (its global batch, which a ramp sizes)."""

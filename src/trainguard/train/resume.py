@@ -38,6 +38,7 @@ from trainguard.monitors.hang_report import read_hang_reports
 from trainguard.train.checkpoint_files import RECIPE_FILE
 from trainguard.train.envinfo import drift_findings
 from trainguard.train.refusals import refuse_blocked_attic
+from trainguard.train.saving import checkpoint_queue
 from trainguard.train.schedule import LrSchedule, resumed_schedule
 from trainguard.util.atomic import fsync_dir
 from trainguard.util.paths import is_remote, local_path
@@ -62,6 +63,7 @@ def open_checkpointer(recipe: Recipe, run_dir: Path, layout: Layout) -> Checkpoi
         layout=layout,
         async_save=recipe.checkpoint.async_save,
         background_copy=recipe.checkpoint.async_save,
+        **checkpoint_queue(recipe),
     )
 
 

@@ -135,8 +135,8 @@ def check_resume_recipe(run_dir: Path, recipe: dict[str, Any]) -> bool:
         raise ResumeMismatchError(
             f"run dir {run_dir} holds a run of a different recipe ({listing})",
             "resume with the same recipe (only train.max_steps and train.schedule_on_extend, "
-            "the metrics.* and reference.* keys, preflight.doctor and checkpoint.async_save "
-            "may change), "
+            "the metrics.* and reference.* keys, preflight.doctor, checkpoint.async_save, "
+            "checkpoint.queue and checkpoint.when_full may change), "
             "or start a new run with --run-dir NEW_DIR",
         )
     return True

@@ -27,7 +27,7 @@ def train(loop: Loop) -> None:
     # The guard decides on the device (no host sync in a step) on CUDA, or when asked.
     on_device = DeviceSteps(loop) if loop.guard.on_device(ctx.device) else None
     # A fire drill's kill waits for the background write first (deterministic drills).
-    loop.faults.settle_writes = lambda: loop.writing[1].wait() if loop.writing else None
+    loop.faults.settle_writes = lambda: loop.writing[-1][1].wait() if loop.writing else None
     loop.faults.settle_copy = loop.checkpointer.wait_copied  # bitflip@N changes a weight
     try:
         callbacks.pre_train(ctx)
