@@ -24,22 +24,22 @@ def test_generated_docs_are_current(page, render, command):
     assert (DOCS / page).read_text() == render(), f"docs/{page} is stale: run `{command}`"
 
 
-# --- the fire-drill matrix in README.md (trainguard.drills.readme) ----------------------------
-README = DOCS.parent / "README.md"
-REGENERATE = "python -m trainguard.drills.readme README.md"
+# --- the fire-drill matrix in docs/drills.md (trainguard.drills.readme) ------------------------
+DRILLS_PAGE = DOCS / "drills.md"
+REGENERATE = "python -m trainguard.drills.readme docs/drills.md"
 
 
 def test_readme_drill_matrix_lists_every_drill_in_order():
     from trainguard.drills.readme import row_for, table_in
     from trainguard.drills.scenarios import DRILLS
 
-    table = table_in(README.read_text())
+    table = table_in(DRILLS_PAGE.read_text())
     faults = [d.fault for d in DRILLS.values()]
     rows = [row_for(table, f) for f in faults]
     missing = [f for f, r in zip(faults, rows, strict=True) if r is None]
-    assert not missing, f"README's drill matrix lacks {missing}: run `{REGENERATE}`"
+    assert not missing, f"the drill matrix lacks {missing}: run `{REGENERATE}`"
     body = table.splitlines()[2:]
-    assert rows == body, f"README's drill matrix is not in the drills' order: run `{REGENERATE}`"
+    assert rows == body, f"the drill matrix is not in the drills' order: run `{REGENERATE}`"
 
 
 def test_readme_drill_matrix_precision_row_is_what_the_code_renders(tmp_path):
@@ -53,7 +53,7 @@ def test_readme_drill_matrix_precision_row_is_what_the_code_renders(tmp_path):
     drill = DRILLS["precision"]
     rendered = matrix_markdown([drill.run(DrillContext(workdir=tmp_path))])
     want = row_for(rendered, drill.fault)
-    got = row_for(table_in(README.read_text()), drill.fault)
+    got = row_for(table_in(DRILLS_PAGE.read_text()), drill.fault)
     assert got is not None and normalise(got) == normalise(want), f"run `{REGENERATE}`"
 
 
@@ -67,7 +67,7 @@ def test_drill_matrix_normalisation_hides_hosts_and_timings_only():
     assert normalise(doctor) == normalise(doctor.replace("18.1s", "35s").replace("vm", "n2"))
     assert normalise(a) != normalise(a.replace("6.9172", "6.9173"))  # losses are compared
     assert normalise(a) != normalise(a.replace("rank 1", "rank 2"))  # so are the ranks named
-    readme = README.read_text()
-    assert with_table(readme, table_in(readme)) == readme
+    page = DRILLS_PAGE.read_text()
+    assert with_table(page, table_in(page)) == page
     with pytest.raises(ValueError, match="drill-matrix"):
         table_in("# a README without markers\n")

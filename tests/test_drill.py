@@ -272,7 +272,7 @@ def test_unknown_drill_is_bad_input(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_default_recipe_drill_matrix(tmp_path: Path) -> None:
-    """The full matrix on the default recipe (stdlib data) at drill settings, and README.md's
+    """The full matrix on the default recipe (stdlib data) at drill settings, and docs/drills.md's
     copy of it (host names and timings normalised; the fast part is in tests/test_docs.py)."""
     from trainguard.drills.readme import normalise, table_in
 
@@ -283,7 +283,7 @@ def test_default_recipe_drill_matrix(tmp_path: Path) -> None:
     )  # fmt: skip
     payload = json.loads(res.stdout)
     assert res.returncode == 0, [(r["name"], r["note"]) for r in payload["rows"] if not r["ok"]]
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert normalise(table_in(readme)) == normalise(matrix.read_text()), (
-        "README's drill matrix is stale: run `python -m trainguard.drills.readme README.md`"
+    page = (Path(__file__).resolve().parent.parent / "docs" / "drills.md").read_text()
+    assert normalise(table_in(page)) == normalise(matrix.read_text()), (
+        "docs/drills.md's matrix is stale: run `python -m trainguard.drills.readme docs/drills.md`"
     )

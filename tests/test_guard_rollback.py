@@ -49,7 +49,8 @@ def train(
     nan_from: int | None = None,
     max_rollbacks: int = 3,
 ) -> dict[str, Any]:
-    """The README's loop. Returns the model, the guard, the sampler and the ids each step read."""
+    """The loop of docs/own-loop.md (the README's, shortened). Returns the model, the guard,
+    the sampler and the ids each step read."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)

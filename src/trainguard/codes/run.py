@@ -25,7 +25,7 @@ _REF_REFS = (
     "OLMo, Pythia: published loss curves as the check for a reproduced run",
 )
 _MOE_DOCS = (
-    "README.md#watching-moe-routers-and-the-data-loader",
+    "docs/own-loop.md#watching-moe-routers-and-the-data-loader",
     "Fedus et al. 2021, Switch Transformer (capacity, aux loss)",
 )
 
@@ -369,9 +369,9 @@ register(
         "effect, so the row proves nothing).",
         why="The drill matrix states what one process can and cannot see. If a detector starts "
         "to fire on the blind-spot fault, or the fault stops landing, the documented limitation "
-        "is no longer true and the README would mislead.",
+        "is no longer true and docs/drills.md would mislead.",
         fix="If a code now catches the fault, turn the drill into a detection drill (expected "
-        "codes, recovery) and update the drill matrix and docs/drills.md; if the fault did not "
+        "codes, recovery) and update the drill matrix in docs/drills.md; if the fault did not "
         "land, check that the flipped weight is still read by every step "
         "(faults.py).",
         false_positives="None known: the clean run and the drill run are bitwise deterministic "
@@ -566,7 +566,7 @@ register(
         "prepare`).",
         false_positives="Very small models whose compute takes less time than reading a batch "
         "have a large data share by nature; raise `guards.loader_share` for them.",
-        references=("README.md#watching-moe-routers-and-the-data-loader",),
+        references=("docs/own-loop.md#watching-moe-routers-and-the-data-loader",),
     ),
 )
 

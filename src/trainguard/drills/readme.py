@@ -1,8 +1,8 @@
-"""The fire-drill matrix in README.md, held between two markers and regenerated from the code.
+"""The fire-drill matrix in docs/drills.md, held between two markers and regenerated from the code.
 
-    python -m trainguard.drills.readme README.md    # runs every drill (minutes), rewrites it
+    python -m trainguard.drills.readme docs/drills.md    # runs every drill (minutes), rewrites it
 
-tests/test_docs.py checks the README against the code the way docs/codes.md is checked: the
+tests/test_docs.py checks that page against the code the way docs/codes.md is checked: the
 drills it lists are the registered ones, in order, and the pre-flight precision drill's row is
 what the code renders (default run); the whole matrix is rendered again and compared in the slow
 set (tests/test_drill.py). Host names and timings change from machine to machine, so both sides
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-BEGIN = "<!-- drill-matrix:begin (python -m trainguard.drills.readme README.md) -->"
+BEGIN = "<!-- drill-matrix:begin (python -m trainguard.drills.readme docs/drills.md) -->"
 END = "<!-- drill-matrix:end -->"
 
 _HOST = re.compile(r"\b(rank \d+) \([^()]*\)")  # rank 1 (vm) -> rank 1 (HOST)
@@ -39,7 +39,7 @@ def table_in(readme: str) -> str:
     """The markdown between the markers (ValueError naming them when they are missing)."""
     start, end = readme.find(BEGIN), readme.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README has no drill matrix between {BEGIN!r} and {END!r}")
+        raise ValueError(f"no drill matrix between {BEGIN!r} and {END!r}")
     return readme[start + len(BEGIN) : end].strip("\n") + "\n"
 
 
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     from trainguard.drills.matrix import matrix_markdown, verdict
     from trainguard.drills.runner import DrillContext, cleanup, run_drills
 
-    path = Path(argv[0] if argv else "README.md")
+    path = Path(argv[0] if argv else "docs/drills.md")
     readme = path.read_text(encoding="utf-8")
     table_in(readme)  # fail before minutes of drills, not after
     ctx = DrillContext(workdir=Path(tempfile.mkdtemp(prefix="tg-drill-readme-")))

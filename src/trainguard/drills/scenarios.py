@@ -183,7 +183,7 @@ from trainguard.drills.multiproc_scenarios import MULTIPROC_DRILLS  # noqa: E402
 from trainguard.drills.multiproc_scenarios import PROCESSES as MULTIPROC_PROCESSES  # noqa: E402
 from trainguard.drills.reference_scenarios import REFERENCE_DRILLS  # noqa: E402
 
-# In the order of the table (the README's matrix follows it). A drill of several local
+# In the order of the table (docs/drills.md's matrix follows it). A drill of several local
 # processes says how many (`drill` counts them against the cores).
 for _name, (_fault, _fn) in DOCTOR_DRILLS.items():
     drill(_name, _fault, DOCTOR_PROCESSES)(_fn)
