@@ -56,6 +56,13 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "distributed.straggler_interval",
     "distributed.straggler_threshold",
     "distributed.straggler_history",
+    # How long a collective may wait before it is called hung: never what a step computes.
+    "distributed.derive_timeouts",
+    "distributed.timeout_factor",
+    "distributed.timeout_percentile",
+    "distributed.timeout_floor_s",
+    "distributed.checkpoint_timeout_s",
+    "distributed.eval_timeout_s",
 )
 
 
