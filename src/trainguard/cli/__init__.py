@@ -1,7 +1,8 @@
 """The `trainguard` command line.
 
 Each module in this package that defines `register(app)` adds its commands; the app is
-assembled by discovery so that commands live next to nothing but their own rendering.
+assembled by discovery so that commands live next to nothing but their own rendering. `main`
+registers only the invoked command's modules (`COMMAND_MODULES`), `app` every module.
 Only the CLI prints and exits; checks return findings (docs/architecture.md, convention 4).
 Every command runs inside the one error handler (`common.exit_statuses`, through the app's
 group class); `--traceback` before the command shows a trainguard error's traceback instead of
