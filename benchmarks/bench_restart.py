@@ -14,17 +14,26 @@ evaluation and the report, is not a restart's cost). Three variants:
     floor           `python -c "import torch"` + reading model.safetensors and optimizer.pt
                     (weights_only) of the same checkpoint: the least any restart pays
 
+With `--baseline-rev REV` a fourth variant, `resume, REV`, runs the same resume on the code of
+git revision REV (its `src/` exported to a temporary folder), in the same rounds as `resume`
+and alternating which goes first: old vs new side by side on a shared machine. The baseline
+resumes a run dir its own code trained (the pre-flight cache is keyed by the code). Both trees are
+byte-compiled first, so neither pays for compiling its sources (PYTHONDONTWRITEBYTECODE would
+otherwise make every launch compile them).
+
 Each is reported as wall seconds and as the CPU seconds the process used until then (user +
 system, from /proc on Linux): on a shared machine the CPU figure moves less.
 
 The machine (CPU model and flags, cores, load) is printed first.
 
     python benchmarks/bench_restart.py [--recipe default] [--steps 1] [--rounds 3]
+        [--baseline-rev REV] [--no-cold]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import resource
@@ -38,6 +47,8 @@ import time
 from pathlib import Path
 
 from machine import describe
+
+SRC = Path(__file__).resolve().parent.parent / "src"
 
 FLOOR = """
 import sys
@@ -81,15 +92,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _env(src: Path) -> dict[str, str]:
+    """The environment of a launch that imports trainguard from `src`."""
+    return {**os.environ, "PYTHONPATH": str(src)}
+
+
+def export_src(rev: str, into: Path) -> Path:
+    """`src/` of git revision `rev`, exported into `into` and byte-compiled; returns its path."""
+    archive = subprocess.run(
+        ["git", "-C", str(SRC.parent), "archive", rev, "src"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    compileall.compile_dir(into / "src", quiet=1)
+    return into / "src"
+
+
 def time_restart(
-    recipe: str, run_dir: Path, step: int, timeout: float = 600
+    recipe: str, run_dir: Path, step: int, timeout: float = 600, src: Path = SRC
 ) -> tuple[float, float]:
     """Seconds from launch to step `step`'s row, and the CPU seconds the process had used by
     then (a figure a loaded machine changes less); the process is then interrupted."""
     metrics = run_dir / "metrics.jsonl"
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        _cli(recipe, run_dir, step), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _cli(recipe, run_dir, step),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=_env(src),
     )
     try:
         while not _has_step(metrics, step):
@@ -124,29 +153,56 @@ def main() -> None:
     parser.add_argument("--recipe", default="default")
     parser.add_argument("--steps", type=int, default=1, help="steps trained before restarting")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--baseline-rev", help="also resume on this git revision's code, in the same rounds"
+    )
+    parser.add_argument(
+        "--no-cold", action="store_true", help="leave out `resume, cold` (every check runs)"
+    )
     args = parser.parse_args()
     print(describe())
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     n = args.steps
     with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
         base = Path(tmp) / "trained"
+        compileall.compile_dir(SRC, quiet=1)
+        old_src = export_src(args.baseline_rev, Path(tmp)) if args.baseline_rev else None
         t0 = time.perf_counter()
-        subprocess.run(_cli(args.recipe, base, n), check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            _cli(args.recipe, base, n), check=True, stdout=subprocess.DEVNULL, env=_env(SRC)
+        )
         print(f"trained {args.recipe} to step {n} in {time.perf_counter() - t0:.1f} s")
+        # The baseline trains its own run dir: the pre-flight cache is keyed by the code's
+        # version (checks/preflight_cache.py), so the new code's cache would make it run cold.
+        old_base = Path(tmp) / "trained-baseline"
+        if old_src is not None:
+            subprocess.run(
+                _cli(args.recipe, old_base, n),
+                check=True,
+                stdout=subprocess.DEVNULL,
+                env=_env(old_src),
+            )
         checkpoint = base / "checkpoints" / f"step-{n}"
         if not (checkpoint / "model.safetensors").exists():
             raise SystemExit(f"no checkpoint at {checkpoint}: is {n} a checkpoint step?")
-        times: dict[str, list[tuple[float, float]]] = {
-            "resume": [],
-            "resume, cold": [],
-            "floor": [],
-        }
+        old = f"resume, {args.baseline_rev}"
+        times: dict[str, list[tuple[float, float]]] = {"resume": []}
+        if old_src is not None:
+            times[old] = []
+        if not args.no_cold:
+            times["resume, cold"] = []
+        times["floor"] = []
         for i in range(args.rounds):
-            for variant in ("resume", "resume, cold"):
-                run_dir = Path(tmp) / f"round-{i}-{variant.replace(', ', '-')}"
-                shutil.copytree(base, run_dir)
+            order = ["resume", old] if old_src is not None else ["resume"]
+            if i % 2:
+                order.reverse()  # neither side always runs right after the other
+            for variant in (*order, *(["resume, cold"] if not args.no_cold else [])):
+                run_dir = Path(tmp) / f"round-{i}-{list(times).index(variant)}"
+                shutil.copytree(old_base if variant == old else base, run_dir)
                 if variant == "resume, cold":
                     (run_dir / "preflight_cache.json").unlink()
-                times[variant].append(time_restart(args.recipe, run_dir, n + 1))
+                src = old_src if variant == old and old_src is not None else SRC
+                times[variant].append(time_restart(args.recipe, run_dir, n + 1, src=src))
                 shutil.rmtree(run_dir)
             times["floor"].append(time_floor(checkpoint))
     floor = statistics.median(w for w, _ in times["floor"])
@@ -162,6 +218,11 @@ def main() -> None:
             f"{name:14s} {wall:7.2f} {low:7.2f} {wall / floor:8.2f}x {cpu:7.2f} "
             f"{cpu / floor_cpu:8.2f}x"
         )
+    if old_src is not None:
+        for label, index in (("wall", 0), ("CPU", 1)):
+            new_m = statistics.median(v[index] for v in times["resume"])
+            old_m = statistics.median(v[index] for v in times[old])
+            print(f"resume / {old} ({label}, medians): {new_m / old_m:.3f}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

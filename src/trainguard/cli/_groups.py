@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import typer
 
-_GROUPS: dict[str, typer.Typer] = {}
-
 _HELP = {
     "data": "Prepare, deduplicate, filter and inspect training data; check it against evals, "
     "check a loader's order and check chat (instruction-tuning) data.",
@@ -15,9 +13,12 @@ _HELP = {
 
 
 def group(app: typer.Typer, name: str) -> typer.Typer:
-    """The sub-app `name`, created and attached to `app` on first use."""
-    if name not in _GROUPS:
-        sub = typer.Typer(help=_HELP.get(name, ""), no_args_is_help=True)
-        app.add_typer(sub, name=name)
-        _GROUPS[name] = sub
-    return _GROUPS[name]
+    """The sub-app `name` of `app`, created and attached on first use. Looked up on `app` itself,
+    not in a cache of this module: a process may build more than one app (`trainguard.cli.main`
+    builds one with the invoked command only, `trainguard.cli.app` has them all)."""
+    for info in app.registered_groups:
+        if info.name == name and info.typer_instance is not None:
+            return info.typer_instance
+    sub = typer.Typer(help=_HELP.get(name, ""), no_args_is_help=True)
+    app.add_typer(sub, name=name)
+    return sub
