@@ -39,6 +39,7 @@ def test_a_checkpointer_on_a_file_is_told_about_its_path(tmp_path: Path) -> None
     assert "the Checkpointer's path" in e.value.fix and "checkpoint.dir" in e.value.fix
 
 
+@pytest.mark.slow  # a tiny run of its own; test_run_refusals checks C107's refusal in the run
 def test_the_run_with_no_usable_step_names_fresh_though_the_entry_says_both(
     tiny_recipe: Path, tiny_run_copy: Path
 ) -> None:

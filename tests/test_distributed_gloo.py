@@ -112,6 +112,10 @@ def test_elastic_resume_2_then_1_then_2_processes(
     assert [p.name for p in run.glob("stacks-rank*")] == []
 
 
+# Slow (about 28 s, three ranks on two cores): the default suite keeps a rank named slow and
+# then hung (test_guard_distributed), a corrupted replica rolled back across DDP ranks
+# (test_guard_hf) and a killed rank named dead (test_dead_rank).
+@pytest.mark.slow
 def test_drills_bitflip_straggler_and_hung_rank(tiny_recipe: Path, tmp_path: Path) -> None:
     run = tmp_path / "drills"
     res = run_cli(
