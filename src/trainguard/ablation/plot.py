@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainguard.util.atomic import atomic_paths
+from trainguard.util.atomic import save_figures
 
 _COLOURS = {"better": "tab:green", "worse": "tab:red"}
 
@@ -54,9 +54,5 @@ def plot_effects(variants: dict[str, Any], path: str | Path) -> Path:
         ax.set_title(f"{metric}\n(variant - base, {direction})", fontsize=8)
         ax.tick_params(labelsize=7)
     fig.tight_layout()
-    try:
-        with atomic_paths(path) as (tmp,):
-            fig.savefig(tmp, dpi=110)
-    finally:
-        plt.close(fig)
+    save_figures([fig], [path])
     return path

@@ -34,6 +34,7 @@ from trainguard.errors import StorageError
 from trainguard.findings import Finding
 from trainguard.util.atomic import fsync_dir, make_temp_dir
 from trainguard.util.nofollow import move_within
+from trainguard.util.processes import pid_alive
 
 TMP_PREFIX = ".tmp-step-"
 TRASH_PREFIX = ".trash-step-"
@@ -44,16 +45,6 @@ SET_ASIDE = (QUARANTINE, ATTIC)
 # A temp folder of a live process is left alone unless it is this old (a pid reused after a
 # reboot, or a writer on another host of a shared file system).
 STALE_AFTER_S = 24 * 3600.0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_stale_temps(folder: Path) -> list[Path]:
@@ -71,7 +62,7 @@ def clean_stale_temps(folder: Path) -> list[Path]:
                 continue
             if pid == os.getpid() and age < STALE_AFTER_S:
                 continue  # our own save in flight (save_async runs in a thread)
-            if pid > 0 and pid != os.getpid() and _pid_alive(pid) and age < STALE_AFTER_S:
+            if pid > 0 and pid != os.getpid() and pid_alive(pid) and age < STALE_AFTER_S:
                 continue
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)

@@ -9,7 +9,7 @@ import numpy as np
 
 from trainguard.goodput import model
 from trainguard.goodput.plan import Plan
-from trainguard.util.atomic import atomic_paths
+from trainguard.util.atomic import save_figures
 
 
 def _gpu_grid(gpus: int) -> np.ndarray:
@@ -62,10 +62,9 @@ def plot_plan(plan: Plan, paths: dict[str, Path]) -> list[Path]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         targets = [paths["ettr_vs_gpus"], paths["ettr_vs_interval"]]
-        with atomic_paths(*targets) as tmps:
-            for f, tmp in zip(figs, tmps, strict=True):
-                f.savefig(tmp, dpi=110)
-        return targets
-    finally:
+    except BaseException:
         for f in figs:
             plt.close(f)
+        raise
+    save_figures(figs, targets)
+    return targets

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from trainguard.scaling.fit import FitResult
-from trainguard.util.atomic import atomic_paths
+from trainguard.util.atomic import save_figures
 
 
 def plot_fit(
@@ -63,9 +63,5 @@ def plot_fit(
     )
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    try:
-        with atomic_paths(path) as (tmp,):
-            fig.savefig(tmp, dpi=110)
-    finally:
-        plt.close(fig)
+    save_figures([fig], [path])
     return path

@@ -21,6 +21,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from trainguard.util.nofollow import refuse_link
 from trainguard.util.write_errors import write_failure
@@ -180,3 +181,17 @@ def atomic_copy(source: str | Path, target: str | Path) -> None:
     """Copy the file `source` to `target` as a whole-file write (never through a link)."""
     with atomic_paths(target) as (tmp,):
         shutil.copyfile(source, tmp)
+
+
+def save_figures(figures: list[Any], paths: list[str | Path], dpi: int = 110) -> None:
+    """Write matplotlib figures as whole files (all or none, never through a link) and close
+    them, also when a write fails: every plot trainguard saves goes through here."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with atomic_paths(*paths) as tmps:
+            for fig, tmp in zip(figures, tmps, strict=True):
+                fig.savefig(tmp, dpi=dpi)
+    finally:
+        for fig in figures:
+            plt.close(fig)

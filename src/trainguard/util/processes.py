@@ -207,16 +207,21 @@ def _start_time(pid: int) -> str | None:
     return fields[19]  # field 22: starttime
 
 
-def _alive(pid: int, start: str) -> bool:
-    if start:
-        return _start_time(pid) == start
-    try:  # no start time recorded (no /proc): the pid is all there is
+def pid_alive(pid: int) -> bool:
+    """True while a process `pid` exists on this machine (one of another user's too)."""
+    try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
+
+
+def _alive(pid: int, start: str) -> bool:
+    if start:
+        return _start_time(pid) == start
+    return pid_alive(pid)  # no start time recorded (no /proc): the pid is all there is
 
 
 def _parent_death_signal(sig: int) -> None:
