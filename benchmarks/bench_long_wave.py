@@ -32,6 +32,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+from bench_wave import CLEAN as WAVE_CLEAN
 from machine import describe
 
 from trainguard.monitors import synthetic as S
@@ -50,15 +51,7 @@ NOISE_KINDS = (
     ("AR(1) 0.5", {"ar1": 0.5}),
 )
 CLEAN = {
-    "smooth": dict(noise=0.0),
-    "gaussian 2%": dict(noise=0.02),
-    "gaussian 5%": dict(noise=0.05),
-    "heavy-tailed 2%": dict(noise=0.02, heavy_tails=True),
-    "warm-up 2%": dict(noise=0.02, warmup=100),
-    "warm-up, smooth": dict(noise=0.0, warmup=50),
-    "warm-up, cosine, heavy 2%": dict(noise=0.02, warmup=100, cosine=True, heavy_tails=True),
-    "cosine 0.5%": dict(noise=0.005, cosine=True),
-    "warm-up, cosine 1%": dict(noise=0.01, cosine=True, warmup=200),
+    **WAVE_CLEAN,  # the nine clean kinds of bench_wave.py, plus the long and correlated ones
     "warm-up, cosine 3%": dict(noise=0.03, warmup=100, cosine=True),
     "heteroscedastic 3%": dict(noise=0.03, warmup=100, cosine=True, hetero=True),
     "AR(1) 0.5, 3%": dict(noise=0.03, warmup=100, cosine=True, ar1=0.5),
