@@ -169,3 +169,22 @@ def tree_snapshot(root: Path) -> dict[str, str]:
         else:
             out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
+
+
+def random_token_dataset(samples: int, length: int, vocab: int = 64):
+    """A map-style torch Dataset of `samples` random token rows (seed 0): `input_ids` and
+    `labels` alike, what a tiny language model in a real Trainer trains on."""
+    import torch
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            gen = torch.Generator().manual_seed(0)
+            self.x = torch.randint(0, vocab, (samples, length), generator=gen)
+
+        def __len__(self) -> int:
+            return len(self.x)
+
+        def __getitem__(self, i: int) -> dict:
+            return {"input_ids": self.x[i], "labels": self.x[i]}
+
+    return Tokens()

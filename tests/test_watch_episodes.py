@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from runhelpers import random_token_dataset
 from trainguard.cli import app
 from trainguard.cli.watch import watch_log
 from trainguard.findings import Finding, group_episodes, step_interval
@@ -44,16 +45,6 @@ def nan_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             control.should_save = state.global_step in (CLEAN, STEPS)
             return control
 
-    class Tokens(torch.utils.data.Dataset):
-        def __init__(self) -> None:
-            self.x = torch.randint(0, 64, (32, 8), generator=torch.Generator().manual_seed(0))
-
-        def __len__(self) -> int:
-            return len(self.x)
-
-        def __getitem__(self, i: int) -> dict:
-            return {"input_ids": self.x[i], "labels": self.x[i]}
-
     out = tmp_path_factory.mktemp("hf_nan")
     torch.manual_seed(0)
     config = transformers.GPT2Config(
@@ -65,7 +56,8 @@ def nan_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         save_strategy="no", report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
     )  # fmt: skip
     trainer = Poisoned(
-        model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(),
+        model=transformers.GPT2LMHeadModel(config), args=args,
+        train_dataset=random_token_dataset(32, 8),
         callbacks=[SaveAt()],
     )  # fmt: skip
     trainer.remove_callback(transformers.trainer_callback.PrinterCallback)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from runhelpers import random_token_dataset
 from trainguard.cli import app
 from trainguard.cli.watch import watch_log
 from trainguard.monitors import synthetic as S
@@ -50,16 +51,6 @@ def hf_trainer_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 return (out[0] * 1000, *out[1:]) if return_outputs else out * 1000
             return out
 
-    class Tokens(torch.utils.data.Dataset):
-        def __init__(self) -> None:
-            self.x = torch.randint(0, 64, (64, 16), generator=torch.Generator().manual_seed(0))
-
-        def __len__(self) -> int:
-            return len(self.x)
-
-        def __getitem__(self, i: int) -> dict:
-            return {"input_ids": self.x[i], "labels": self.x[i]}
-
     out = tmp_path_factory.mktemp("hf_trainer")
     torch.manual_seed(0)
     config = transformers.GPT2Config(
@@ -71,7 +62,8 @@ def hf_trainer_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         save_strategy="steps", save_steps=40, report_to=["tensorboard"], use_cpu=True, seed=0,
         learning_rate=1e-3, disable_tqdm=True,
     )  # fmt: skip
-    trainer = Spiky(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens())
+    model = transformers.GPT2LMHeadModel(config)
+    trainer = Spiky(model=model, args=args, train_dataset=random_token_dataset(64, 16))
     trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
