@@ -78,7 +78,17 @@ def test_truncate_after_survives_deep_and_hashless_rows(tmp_path: Path) -> None:
     dropped = MetricsLog(tmp_path).truncate_after(2)
     assert [r["step"] for r in dropped] == [4, 3]
     kept = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert kept == GOOD
+    assert kept == [*GOOD, DEEP]  # a line no reader can use is still the log's: never dropped
+
+
+def test_truncate_after_drops_only_a_torn_last_line(tmp_path: Path) -> None:
+    torn = '{"kind": "step", "step": 2, "lo'
+    (tmp_path / "metrics.jsonl").write_text(f"{GOOD[0]}\n{torn}")
+    assert MetricsLog(tmp_path).truncate_after(5) == []
+    assert (tmp_path / "metrics.jsonl").read_text() == f"{GOOD[0]}\n"
+    (tmp_path / "metrics.jsonl").write_text(f"{GOOD[0]}\n{GOOD[1]}")  # whole, newline missing
+    MetricsLog(tmp_path).truncate_after(5)
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == GOOD
 
 
 def test_watch_reader_names_the_line_of_a_deep_row(tmp_path: Path) -> None:

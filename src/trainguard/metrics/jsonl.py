@@ -7,6 +7,7 @@ data period `"kind": "meta"`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -54,15 +55,24 @@ class MetricsLog:
         if not self.path.exists():
             return []
         kept, dropped = [], []
-        for line in self.path.read_text(encoding="utf-8").split("\n"):
+        lines = self.path.read_text(encoding="utf-8").split("\n")
+        torn = lines.pop()  # "" after a final newline; else a write cut by SIGKILL
+        for line in lines:
             try:
                 row = parse_row(line)
             except RowRejected:
-                continue  # a line cut by SIGKILL mid-write, or one no reader can use
+                # No reader can use it, but it is the log's: kept as it is, never dropped.
+                if line.strip():
+                    kept.append(line)
+                continue
             if isinstance(row.get("step"), int) and row["step"] > step:
                 dropped.append(row)
             else:
                 kept.append(line)
+        with contextlib.suppress(RowRejected):  # a whole last row that lacks only its newline
+            row = parse_row(torn)
+            if not (isinstance(row.get("step"), int) and row["step"] > step):
+                kept.append(torn)
         atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
         return dropped
 
