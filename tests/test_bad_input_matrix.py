@@ -1000,14 +1000,65 @@ ROWS = [
                 ("--variant", "v={good}"),
                 {"exit": 1, "says": cannot("{afile}")},
             ),
+            (  # OUT gets data/ and run dirs: an input inside it could be replaced
+                "out-holds-the-base",
+                "{good}",
+                "python_next_line",
+                "{inputs}",
+                ("--variant", "v={good}"),
+                {"says": ("holds the input BASE",)},
+            ),
+            (
+                "plot-is-the-recipe",
+                "{good}",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "v={good}", "--plot", "{tiny}"),
+                {"says": ("--plot", "is the input --recipe")},
+            ),
+            (
+                "plot-under-a-file",
+                "{good}",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "v={good}", "--plot", "{afile}/p.png"),
+                {"exit": 1, "says": cannot("{afile}")},
+            ),
+            (
+                "seeds-zero",
+                "{good}",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "v={good}", "--seeds", "0"),
+                {"says": ("--seeds",)},
+            ),
+            (
+                "heldout-docs-zero",
+                "{good}",
+                "python_next_line",
+                "{out}/abl",
+                ("--variant", "v={good}", "--heldout-docs", "0"),
+                {"says": ("--heldout-docs",)},
+            ),
         ]
     ],
+    row(
+        "data-ablate-recipe-missing",
+        *("data", "ablate", "{good}", "--variant", "v={good}", "--recipe", "{inputs}/none.yaml"),
+        *("--evals", "python_next_line", "--out", "{out}/abl"),
+        says=NOT_EXIST,
+    ),
     # --- data check-chat -------------------------------------------------------------------
     # issue 25: data check-chat
     row(
         "data-check-chat-data-missing",
         *("data", "check-chat", "{inputs}/missing.jsonl", "--tokenizer", "{chat_tok}"),
         says=("chat data", "does not exist"),
+    ),
+    row(
+        "data-check-chat-max-examples-zero",
+        *("data", "check-chat", "{chat_good}", "--tokenizer", "{chat_tok}", "--max-examples", "0"),
+        says=("--max-examples",),
     ),
     row(
         "data-check-chat-data-is-a-folder",

@@ -105,6 +105,16 @@ def _read_manifest(path: Path) -> dict[str, Any] | None:
     return doc
 
 
+def ablation_inputs(
+    base: str, variants: dict[str, str], recipe: str, evals: list[str]
+) -> dict[str, str]:
+    """Every input file of an ablation, by the name the user gave it (outputs must spare them);
+    a recipe named from the library (`default`) is no file and is left out."""
+    named = {"BASE": base, **{f"--variant {n}": s for n, s in variants.items()}}
+    named |= {"--recipe": recipe, **{f"--evals {e}": e for e in evals}}
+    return {k: v for k, v in named.items() if Path(v).exists()}
+
+
 def run_ablation(
     base: str,
     variants: dict[str, str],
@@ -127,13 +137,14 @@ def run_ablation(
 
     out_dir = Path(out_dir)
     overrides = list(overrides or [])
-    inputs = {"BASE": base, **{f"--variant {n}": s for n, s in variants.items()}}
-    refuse_overwrite({"--out": out_dir}, {k: v for k, v in inputs.items() if Path(v).exists()})
+    inputs = ablation_inputs(base, variants, recipe, evals)
+    # OUT gets data/ and a run dir per cell: an input inside it could be replaced as well.
+    refuse_overwrite({"--out": out_dir}, inputs, replaced_folders=["--out"])
     for spec in evals:
         check_examples(load_spec(spec))
     require_use_case_eval(EvalsConfig(specs=evals))
     first = load_recipe(recipe, overrides)  # a bad recipe or --set fails before any work
-    for source in inputs.values():  # a missing or empty source fails before OUT is made
+    for source in (base, *variants.values()):  # a missing or empty source fails before OUT
         next(iter_documents(source, first.data.text_field))
     held = {"fraction": heldout_fraction, "max_docs": heldout_max}
     plan = _plan(base, variants, recipe, evals, list(range(seeds)), overrides, held)

@@ -129,7 +129,7 @@ def register(app: typer.Typer) -> None:
         """Train a small recipe on BASE and on each variant (same steps, same seeds) and report
         each variant's effect on the use-case evals and a shared held-out set, with a CI."""
         from trainguard.ablation.plot import plot_effects
-        from trainguard.ablation.run import parse_variants, run_ablation
+        from trainguard.ablation.run import ablation_inputs, parse_variants, run_ablation
         from trainguard.util.atomic import check_writable
         from trainguard.util.paths import refuse_overwrite
         from trainguard.util.processes import Machine, check_local_processes
@@ -142,9 +142,9 @@ def register(app: typer.Typer) -> None:
             jobs, f"--jobs {jobs}", lambda n: f"pass --jobs {n}", oversubscribe=oversubscribe
         )
         plot = plot or out / "effects.png"
-        inputs = {"BASE": base, **{f"--variant {n}": s for n, s in variants.items()}}
-        refuse_overwrite({"--out": out, "--plot": plot}, inputs)
-        check_writable(out, folder=True)
+        # Both outputs before any work (run_ablation checks --out again for callers of the API).
+        inputs = ablation_inputs(base, variants, recipe, evals)
+        refuse_overwrite({"--out": out, "--plot": plot}, inputs, replaced_folders=["--out"])
         check_writable(plot)
         report, findings = run_ablation(
             base,
