@@ -497,3 +497,16 @@ def test_human_output_shows_user_strings_as_text(tmp_path, toks):
     )
     assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
     assert res.exit_code == 1 and "'[/b]'" in res.output and "D411" in res.output
+
+
+def test_generation_tags_with_whitespace_control_are_templates_not_errors() -> None:
+    """`{%- generation %}` is valid for transformers; it was refused as an unknown tag, and the
+    bare words "generation ... endgeneration" in text passed for the tags (found in review)."""
+    from trainguard.checks.chat_data.tokenizer import check_template, has_generation_tags
+
+    for tag in ("{%- generation %}", "{% generation -%}", "{%-generation-%}"):
+        end = tag.replace("generation", "endgeneration")
+        source = f"{{% for m in messages %}}{tag}{{{{ m.content }}}}{end}{{% endfor %}}"
+        assert check_template(source, "t", "f") == source
+        assert has_generation_tags(source)
+    assert not has_generation_tags("{{ 'no generation here, nor endgeneration' }}")

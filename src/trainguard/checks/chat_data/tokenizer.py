@@ -4,6 +4,7 @@ loaded locally (never downloaded) and an optional training-side Jinja template f
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,10 @@ def template_source(tokenizer: Any) -> str | None:
     return tmpl if isinstance(tmpl, str) and tmpl.strip() else None
 
 
+# `{% generation %}` ... `{% endgeneration %}`, with Jinja's whitespace control on either side.
+_GENERATION_TAG = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
+
+
 def check_template(source: str, what: str, fix: str) -> str:
     """`source` if it compiles as a Jinja template; BadInputError naming the line otherwise."""
     from jinja2 import TemplateSyntaxError
@@ -72,12 +77,7 @@ def check_template(source: str, what: str, fix: str) -> str:
 
     env = ImmutableSandboxedEnvironment(extensions=[loopcontrols])
     # transformers adds a `{% generation %}` tag; parse it as a plain block to check syntax.
-    probe = source.replace("{% generation %}", "{% if true %}").replace(
-        "{% endgeneration %}", "{% endif %}"
-    )
-    probe = probe.replace("{%- generation -%}", "{% if true %}").replace(
-        "{%- endgeneration -%}", "{% endif %}"
-    )
+    probe = _GENERATION_TAG.sub(lambda m: "{% endif %}" if m[1] else "{% if true %}", source)
     try:
         env.parse(probe)
     except TemplateSyntaxError as e:
@@ -98,4 +98,5 @@ def read_template(path: str | Path) -> str:
 def has_generation_tags(source: str) -> bool:
     """Whether the template marks assistant tokens (`{% generation %}`), from which
     transformers derives the assistant mask (`return_assistant_tokens_mask`)."""
-    return "generation" in source and "endgeneration" in source
+    tags = {bool(m[1]) for m in _GENERATION_TAG.finditer(source)}
+    return tags == {False, True}
