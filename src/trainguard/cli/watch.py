@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -145,14 +146,20 @@ def _follow(
     ms: Replay | None = None
     findings: list[Finding] = []
     pending: list[tuple[int, dict]] = []
-    steps: list[int] = []
+    gaps: Counter[int] = Counter()  # step_interval's count, kept as rows arrive (not redone)
+    last: list[int] = []  # the previous step
     grouper = EpisodeGrouper()
     numbers: dict[int, int] = {}  # id(episode) -> its place in grouper.episodes
+
+    def interval() -> int:
+        return gaps.most_common(1)[0][0] if gaps else 1
 
     def show(found: list[Finding]) -> None:
         """JSON: every finding, with the number of its episode; text: an episode when it
         opens (its later findings are counted in the summary's table)."""
-        grouper.gap = step_interval(steps)
+        if not found:
+            return
+        grouper.gap = interval()
         for f in found:
             episode, new = grouper.add(f)
             if as_json:
@@ -177,7 +184,9 @@ def _follow(
                 rows = [r]
             ms.set_data_period(data_period or state.data_period)
             for step, values in rows:
-                steps.append(step)
+                if last and step > last[0]:
+                    gaps[step - last[0]] += 1
+                last[:] = [step]
                 show(ms.update(step, values))
     except KeyboardInterrupt:
         pass
@@ -192,7 +201,7 @@ def _follow(
         "rows": state.rows,
         "metrics": ms.metrics,
         "data_period_steps": data_period or state.data_period,
-        "log_interval_steps": grouper.gap,
+        "log_interval_steps": interval(),
     }
     if as_json:
         sys.stdout.write(json.dumps(summary, default=str) + "\n")
