@@ -287,3 +287,18 @@ def test_a_workers_own_children_are_not_workers() -> None:
         timeout=60,
     )
     assert res.returncode == 0 and res.stdout == "None", (res.stdout, res.stderr)
+
+
+def test_a_run_started_by_a_worker_for_another_run_dir_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's hook that starts `trainguard run --run-dir OTHER` inherits the holder's
+    name; with the launcher alive that is a nested run, not an orphan (found in review)."""
+    from trainguard.train.distributed import Dist
+    from trainguard.train.rundir import hold_run_dir
+    from trainguard.util.runlock import HOLDER_ENV
+
+    monkeypatch.setenv(HOLDER_ENV, str(os.getpid()))  # alive, holding some other run dir
+    (tmp_path / "other").mkdir()
+    with hold_run_dir(tmp_path / "other", Dist()) as lock:
+        assert lock is not None  # taken, not refused

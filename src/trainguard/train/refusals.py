@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from trainguard.checkpoint.local import ATTIC, QUARANTINE
 from trainguard.checkpoint.manifest import parse_step_dirname
-from trainguard.codes import get_code
+from trainguard.codes.checkpoint import C107_IN_RUN
 from trainguard.errors import BadInputError, NoUsableCheckpoint, TrainguardError
 from trainguard.findings import Finding
 from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
@@ -81,7 +81,7 @@ def refuse_lost_history(run_dir: Path, root: str) -> None:
         "would rewrite the run's history; nothing was changed"
     )
     finding = Finding.of("C107", message, where=root, data={"logged_step": max(steps)})
-    raise NoUsableCheckpoint(message, get_code("C107").fix, findings=[finding])
+    raise NoUsableCheckpoint(message, C107_IN_RUN, findings=[finding])
 
 
 def refuse_missing_root(run_dir: Path, root: str) -> None:

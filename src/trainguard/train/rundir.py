@@ -28,6 +28,7 @@ from trainguard.errors import ResumeMismatchError, RunDirBusyError, StorageError
 from trainguard.monitors.watchdog import remove_unused_backstops
 from trainguard.util.atomic import atomic_write_text
 from trainguard.util.nofollow import refuse_links_before_start
+from trainguard.util.processes import pid_alive
 from trainguard.util.runlock import HOLDER_ENV, LOCK_FILE, FolderLock, held_by
 
 if TYPE_CHECKING:
@@ -61,7 +62,9 @@ def hold_run_dir(run_dir: Path, dist: Dist) -> Iterator[FolderLock | None]:
         except StorageError as e:
             refused = (type(e).__name__, e.message, e.fix)
         else:
-            if launcher:  # the launcher named as holder does not hold it: it has ended
+            # The launcher named as holder does not hold it and has ended: its workers must
+            # not write. (Alive, it launched this process for another run dir: a nested run.)
+            if launcher.isdigit() and not pid_alive(int(launcher)):
                 lock.release()
                 lock = None
                 refused = (
