@@ -15,7 +15,6 @@ D104) before anything on disk changes, and described (`resumed_findings`: C150, 
 from __future__ import annotations
 
 import dataclasses
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from trainguard.train.refusals import refuse_blocked_attic
 from trainguard.train.saving import checkpoint_queue
 from trainguard.train.schedule import LrSchedule, resumed_schedule
 from trainguard.util.atomic import fsync_dir
+from trainguard.util.nofollow import move_within
 from trainguard.util.paths import is_remote, local_path
 from trainguard.util.runlock import LOCK_FILE
 
@@ -171,10 +171,8 @@ def set_aside_run_dir(run_dir: Path, stamp: str) -> Path | None:
     if not entries:
         return None
     dest = free_path(run_dir / ATTIC / stamp)
-    dest.mkdir(parents=True)
-    for entry in entries:
-        os.rename(entry, dest / entry.name)
-    fsync_dir(dest)
+    for entry in entries:  # never through a link put in the attic's place after the check
+        move_within(run_dir, entry.name, f"{ATTIC}/{dest.name}/{entry.name}")
     fsync_dir(run_dir)
     return dest
 
