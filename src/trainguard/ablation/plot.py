@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,9 @@ def plot_effects(variants: dict[str, Any], path: str | Path) -> Path:
             for e in variants[name]["effects"]:
                 if e["metric"] != metric:
                     continue
-                lo = (
-                    e["low"]
-                    if e["low"] == e["low"] and abs(e["low"]) != float("inf")
-                    else e["diff"]
-                )
-                hi = e["high"] if abs(e["high"]) != float("inf") else e["diff"]
+                # One seed has no interval (NaN or infinite ends): the point alone.
+                lo = e["low"] if math.isfinite(e["low"]) else e["diff"]
+                hi = e["high"] if math.isfinite(e["high"]) else e["diff"]
                 colour = _COLOURS.get(e["verdict"], "grey")
                 ax.errorbar(
                     e["diff"],

@@ -59,10 +59,6 @@ def episode_counts(episodes: list[Episode], findings: int) -> str:
     return f"{n_err} error and {n_warn} warning episodes, from {findings} findings"
 
 
-def episodes_json(findings: list[Finding], gap: int = 1) -> list[dict[str, Any]]:
-    return [e.to_dict() for e in group_episodes(findings, gap)]
-
-
 def emit_episodes(
     findings: list[Finding],
     as_json: bool,

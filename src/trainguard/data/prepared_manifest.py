@@ -38,6 +38,7 @@ def write_prepared_manifest(
             )
     tok_path = folder / TOKENIZER_FILE
     stats.skipped_links = len(corpus.links_out(data_cfg.source))  # the listing both engines read
+    tok_checksum = file_checksum(tok_path)  # read once: the file is the same for both fields
     manifest = {
         "format_version": FORMAT_VERSION,
         "source": data_cfg.source,
@@ -48,7 +49,7 @@ def write_prepared_manifest(
         "tokenizer": {
             "file": TOKENIZER_FILE,
             "size": tok_path.stat().st_size,
-            "checksum": file_checksum(tok_path),
+            "checksum": tok_checksum,
             "type": "byte-level BPE",
             "vocab_size": tok_cfg.vocab_size,
             "min_frequency": tok_cfg.min_frequency,
@@ -56,7 +57,7 @@ def write_prepared_manifest(
             "eot": "<|endoftext|>",
             "eot_id": eot_id(tok),
         },
-        "tokenizer_hash": file_checksum(tok_path),
+        "tokenizer_hash": tok_checksum,
         "stats": stats.to_dict(),
         "splits": splits,
     }

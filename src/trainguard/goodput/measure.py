@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.config.load import read_run_recipe
+from trainguard.config.load import RECIPE_FILE, read_run_recipe
 from trainguard.config.schema import CheckpointConfig
 from trainguard.errors import BadInputError
 from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
 
-RUN_RECIPE = "recipe.yaml"
 MIN_STALL_S = 1e-3  # below the clock's use here: a stall measured smaller is reported as this
 
 
@@ -81,9 +80,9 @@ def require_run_dir(run_dir: Path) -> None:
             "give the run dir of a `trainguard run` (its --run-dir), or drop --run and give "
             "the numbers as flags",
         )
-    if not run_dir.is_dir() or not (run_dir / RUN_RECIPE).is_file():
+    if not run_dir.is_dir() or not (run_dir / RECIPE_FILE).is_file():
         raise BadInputError(
-            f"--run {run_dir} is not a run dir: it has no {RUN_RECIPE}",
+            f"--run {run_dir} is not a run dir: it has no {RECIPE_FILE}",
             "give the run dir of a `trainguard run` (the folder holding recipe.yaml and "
             "metrics.jsonl), or drop --run and give the numbers as flags",
         )

@@ -7,11 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainguard.codes import SEVERITIES
 from trainguard.findings import Episode, EpisodeGrouper, Finding, step_interval
 from trainguard.report.batch import BATCH_CODES, batch_command
 from trainguard.report.skips import RUN_AVERAGE, skipped_updates
-
-_SEVERITIES = ("error", "warning", "info")
 
 
 def _batch_link(run_dir: Path, finding: dict[str, Any]) -> str:
@@ -60,7 +59,7 @@ def finding_rows(info: dict[str, Any]) -> list[dict[str, Any]]:
                 "message": f"{episode.first.message}{worst}",
             }
         sev = entry["severity"]
-        entry["severity_class"] = sev if sev in _SEVERITIES else "other"
+        entry["severity_class"] = sev if sev in SEVERITIES else "other"
         shown.append(entry)
     return shown
 
