@@ -280,8 +280,9 @@ register(
         false_positives="A rank that is merely much slower than the timeout (a huge first "
         "step, a long evaluation on one rank, a checkpoint save outside a `checkpoint` phase); "
         "mark checkpoints and evaluations with `guard.phase('checkpoint'|'eval', step)` on "
-        "every rank, also when only rank 0 writes (they have budgets of their own), raise `distributed.timeout_floor_s` or "
-        "`distributed.warmup_steps`, or set `distributed.derive_timeouts: false`.",
+        "every rank, also when only rank 0 writes (they have budgets of their own), raise "
+        "`distributed.timeout_floor_s` or `distributed.warmup_steps`, or set "
+        "`distributed.derive_timeouts: false`.",
         references=(
             "torch.distributed.monitored_barrier",
             "PyTorch Flight Recorder for NCCL collectives",
