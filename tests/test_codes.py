@@ -135,3 +135,43 @@ def test_a_removed_code_cannot_be_reported(monkeypatch):
     assert REGISTRY.get("R998").lifecycle == "removed"  # still documented, number kept
     with pytest.raises(ValueError, match="removed"):
         Finding.of("R998", "should not happen")
+
+
+def test_codes_looked_up_from_several_threads_at_first_use_are_all_there() -> None:
+    """The registry loads on first look-up; a second thread used to see it half loaded and
+    raise KeyError (two gating runs failing at once; found in review)."""
+    import threading
+
+    from trainguard.codes import Code, CodeRegistry
+
+    registry = CodeRegistry()
+
+    def load() -> None:
+        for n in range(101, 160):
+            registry.register(
+                Code(
+                    code=f"E{n}",
+                    title="t",
+                    severity="error",
+                    catches="c",
+                    why="w",
+                    fix="f",
+                )
+            )
+            threading.Event().wait(0.0005)  # importing the letter modules takes a while
+
+    registry._loader = load
+    errors: list[BaseException] = []
+
+    def look() -> None:
+        try:
+            registry.get("E159")
+        except BaseException as e:  # noqa: BLE001 - the assertion below names it
+            errors.append(e)
+
+    threads = [threading.Thread(target=look) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

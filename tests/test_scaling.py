@@ -256,3 +256,23 @@ def test_cli_scale_fit_json_and_plot(tmp_path):
     assert bad.exit_code == 2
     bad = CliRunner().invoke(app, ["scale", "fit", str(path), "--predict", "70e9"])
     assert bad.exit_code == 2
+
+
+def test_side_by_side_cells_report_their_failures_in_the_grids_order(tmp_path):
+    """With jobs=2 the first cell fails last; its finding still comes first (it came in the
+    order cells finished, so the same grid gave different JSON; found in review)."""
+    import threading
+
+    second_failed = threading.Event()
+
+    def fake_run(recipe, run_dir):
+        if recipe.model.d_model == 16:
+            assert second_failed.wait(30)  # the first cell ends after the second
+            raise RunHalted("first cell halted")
+        second_failed.set()
+        raise RunHalted("second cell halted")
+
+    axes = parse_grid(["model.d_model=16,24"])
+    out = tmp_path / "runs"
+    _, findings = run_grid("default", axes, out, out / "runs.csv", runner=fake_run, jobs=2)
+    assert ["first" in f.message for f in findings] == [True, False]

@@ -29,6 +29,7 @@ file per range; `LAYERS` still names one module per letter.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
@@ -86,6 +87,10 @@ class CodeRegistry:
         self.codes: dict[str, Code] = {}
         self.redirects: Mapping[str, str] = redirects if redirects is not None else {}
         self._loader = loader
+        # Threads look codes up at once (side-by-side gating runs): one loads, the others wait
+        # for the whole registry (re-entrant: loading registers codes).
+        self._loading = threading.RLock()
+        self._busy = False
 
     def register(self, *codes: Code) -> None:
         for c in codes:
@@ -111,9 +116,16 @@ class CodeRegistry:
         return code
 
     def _load(self) -> None:
-        if self._loader is not None:
-            loader, self._loader = self._loader, None
-            loader()
+        if self._loader is None:  # loaded: the common case takes no lock
+            return
+        with self._loading:
+            if self._loader is not None and not self._busy:  # busy: a look-up while loading
+                self._busy = True
+                try:
+                    self._loader()
+                    self._loader = None  # only once every code is in
+                finally:
+                    self._busy = False
 
     def get(self, code: str) -> Code:
         """The entry of `code` (a renamed code: of its new number); KeyError if unknown."""

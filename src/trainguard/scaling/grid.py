@@ -135,7 +135,7 @@ def run_grid(
         todo = [(names(c), c, r) for c, r in zip(cells, recipes, strict=True)]
         todo = [t for t in todo if t[0] not in done]
         rows: list[dict[str, Any]] = []
-        findings: list[Finding] = []
+        failed: list[tuple[str, Finding]] = []
         csv_lock = threading.Lock()  # one CSV writer at a time: each append rewrites it
         stop = threading.Event()  # set when a cell raised (an interrupt): start no other
 
@@ -149,7 +149,7 @@ def run_grid(
                 raise
             with csv_lock:
                 if finding is not None:
-                    findings.append(finding)
+                    failed.append((name, finding))
                     return
                 append_row(csv_path, row)
                 rows.append(row)
@@ -166,9 +166,10 @@ def run_grid(
                 # After an interrupt no new cell starts (`stop`; the queue is dropped); the
                 # running ones end with their runs.
                 pool.shutdown(wait=True, cancel_futures=True)
+        # The grid's order, whatever finished first: the same output from the same grid.
         order = {t[0]: i for i, t in enumerate(todo)}
-        rows.sort(key=lambda r: order[r["name"]])  # the grid's order, whatever finished first
-        return rows, findings
+        rows.sort(key=lambda r: order[r["name"]])
+        return rows, [f for _, f in sorted(failed, key=lambda nf: order[nf[0]])]
 
 
 def _run_cell(
