@@ -28,6 +28,7 @@ from trainguard.codes.checkpoint import C107_IN_RUN
 from trainguard.errors import BadInputError, NoUsableCheckpoint, TrainguardError
 from trainguard.findings import Finding
 from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
+from trainguard.train.saving import checkpoint_due
 from trainguard.util.paths import is_remote, local_path
 
 if TYPE_CHECKING:
@@ -116,11 +117,11 @@ def refuse_blocked_paths(recipe: Recipe, root: str, start: int) -> None:
             f"move {quarantine} out of {folder} (trainguard creates the folder itself when it "
             "needs it) and run again",
         )
-    t, every = recipe.train, recipe.checkpoint.interval
+    t = recipe.train
     entries = sorted(folder.iterdir()) if folder.is_dir() else []  # the root may be a link
     for entry in entries:
         n = parse_step_dirname(entry.name)
-        if n is None or not start < n <= t.max_steps or (n % every and n != t.max_steps):
+        if n is None or not start < n <= t.max_steps or not checkpoint_due(recipe, n):
             continue
         if _not_a_folder(entry):
             raise BadInputError(

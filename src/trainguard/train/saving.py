@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from trainguard.train.loop import Loop
 
 
+def checkpoint_due(recipe: Recipe, step: int) -> bool:
+    """Whether the run saves after `step`: every `checkpoint.interval` steps and at the end."""
+    return step % recipe.checkpoint.interval == 0 or step == recipe.train.max_steps
+
+
 def checkpoint_queue(recipe: Recipe) -> dict[str, Any]:
     """The Checkpointer's `queue` and `when_full` for the recipe (only an async save has a
     queue)."""

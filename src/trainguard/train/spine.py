@@ -16,7 +16,7 @@ from trainguard.monitors.moe import router_summary
 from trainguard.train.actions import replicas_halted, rerun, roll_back
 from trainguard.train.device_steps import DeviceSteps
 from trainguard.train.loop import Loop
-from trainguard.train.saving import finish_checkpoint, save_checkpoint
+from trainguard.train.saving import checkpoint_due, finish_checkpoint, save_checkpoint
 
 
 def train(loop: Loop) -> None:
@@ -47,7 +47,7 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
     ctx, guard, trainer = loop.ctx, loop.guard, loop.trainer
     step = ctx.step + 1  # the step computed now, numbered as its log row will say
     t = ctx.recipe.train
-    checkpoint_due = step % ctx.recipe.checkpoint.interval == 0 or step == t.max_steps
+    saves = checkpoint_due(ctx.recipe, step)
     loop.callbacks.pre_step(ctx, step)
 
     # -- data: where this step's global batch starts (bad batches of rollbacks skipped) -------
@@ -103,7 +103,7 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
     # -- replicas and stragglers (several processes): H201 rolls back, H202 is reported -------
     # Host sync: every rank's parameter hash (every K steps, and before a checkpoint, so that
     # no corrupt replica is saved) and phase timings are gathered, then a monitored barrier.
-    end = guard.end_step(step, ctx.model, ctx.optimizer, checkpoint_due=checkpoint_due)
+    end = guard.end_step(step, ctx.model, ctx.optimizer, checkpoint_due=saves)
     ctx.record(end.findings)
     if end.action == "halt":
         raise replicas_halted(end)
@@ -135,9 +135,9 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
         loop.callbacks.post_step(ctx, step, row)
     else:  # the row waits for its values; a checkpoint or a validation loss waits for it
         on_device.hold(step, row)
-        if (checkpoint_due or step % t.eval_interval == 0) and not on_device.flush():
+        if (saves or step % t.eval_interval == 0) and not on_device.flush():
             return  # this step rolled back
 
     # -- checkpoint when due ---------------------------------------------------------------------
-    if checkpoint_due:
+    if saves:
         save_checkpoint(loop, step)
