@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from machine import describe
 
 from trainguard.config.schema import ModelConfig
-from trainguard.guard import Guard
+from trainguard.guard.core import Guard
 from trainguard.model.gpt import GPT
 
 VOCAB = 4096

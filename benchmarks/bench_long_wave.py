@@ -35,8 +35,8 @@ import numpy as np
 from bench_wave import CLEAN as WAVE_CLEAN
 from machine import describe
 
-from trainguard.monitors import synthetic as S
-from trainguard.monitors.oscillation import OscillationDetector
+from trainguard.guard.detectors import synthetic as S
+from trainguard.guard.detectors.oscillation import OscillationDetector
 
 PERIODS = (50, 100, 200, 300, 400, 500)
 AMPLITUDES = (0.01, 0.015, 0.02)
@@ -68,7 +68,7 @@ BASELINE = "eea597e"
 def old_detector() -> type:
     """OscillationDetector as it was at BASELINE (it imports only numpy and trainguard.findings)."""
     src = subprocess.run(
-        ["git", "show", f"{BASELINE}:src/trainguard/monitors/oscillation.py"],
+        ["git", "show", f"{BASELINE}:src/trainguard/guard/detectors/oscillation.py"],
         cwd=Path(__file__).resolve().parent,
         capture_output=True,
         text=True,

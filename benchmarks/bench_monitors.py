@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 from machine import describe
 
-from trainguard.guard import Guard
-from trainguard.monitors import synthetic as S
-from trainguard.monitors.monitor_set import MonitorSet
-from trainguard.monitors.watchdog import Watchdog
+from trainguard.guard.core import Guard
+from trainguard.guard.detectors import synthetic as S
+from trainguard.guard.detectors.monitor_set import MonitorSet
+from trainguard.guard.watchdog import Watchdog
 
 
 def _curves(n: int):

@@ -6,7 +6,7 @@ odd seeds, heavy-tailed noise on every third), as in tests/test_monitors.py. Two
 the same curves, fed step by step as in a run:
 - `single window`: the oscillation detector without the faint-wave test (the detector as it was:
   Fisher's g-test on the last 1024 rows every 128 rows);
-- `with faint-wave test`: the shipped detector (steps 1-6 of monitors/oscillation.py).
+- `with faint-wave test`: the shipped detector (steps 1-6 of guard/detectors/oscillation.py).
 A detection is an R105 whose period is within 10% of the planted one (a strong wave is
 reported early, from a partial window, with a coarser period). False alarms: any R105 on
 clean curves of every kind tests/test_monitors.py uses (smooth, 2% and 5% Gaussian noise,
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 from machine import describe
 
-from trainguard.monitors import synthetic as S
-from trainguard.monitors.oscillation import OscillationDetector
+from trainguard.guard.detectors import synthetic as S
+from trainguard.guard.detectors.oscillation import OscillationDetector
 
 LENGTHS = (2000, 3000, 5000, 10000)
 AMPLITUDES = (0.003, 0.005, 0.01)

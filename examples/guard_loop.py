@@ -19,7 +19,7 @@ import tempfile
 import torch
 
 from trainguard import Guard, GuardsConfig
-from trainguard.monitors.watchdog import Watchdog
+from trainguard.guard.watchdog import Watchdog
 
 
 def batch_for(step: int, x: torch.Tensor, y: torch.Tensor):

@@ -459,7 +459,7 @@ def test_guarded_trainer_runs_the_chat_preflight(tmp_path, hf_tok):
     import transformers
 
     from trainguard.errors import PreflightFailed
-    from trainguard.guard import Guard
+    from trainguard.guard.core import Guard
     from trainguard.integrations.hf import GuardedTrainer
 
     def trainer(out: Path, data: list[dict], collator) -> GuardedTrainer:

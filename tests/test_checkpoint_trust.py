@@ -281,8 +281,8 @@ def test_unloadable_checkpoints_fall_back_naming_the_file(tmp_path: Path) -> Non
 def test_rollback_falls_back_past_a_pickled_optimizer_file(tmp_path: Path) -> None:
     from loophelpers import context, run_checkpointer, run_state
     from trainguard import ElasticSampler
-    from trainguard.guard import Guard
-    from trainguard.guards.decision import Decision
+    from trainguard.guard.core import Guard
+    from trainguard.guard.decision import Decision
     from trainguard.train import spine
     from trainguard.train.callback import Callbacks
     from trainguard.train.layout import Progress

@@ -24,7 +24,7 @@ from trainguard.codes import (
     render_markdown,
 )
 from trainguard.findings import Finding
-from trainguard.monitors.config import GuardsConfig
+from trainguard.guard.config import GuardsConfig
 
 CODES_DIR = Path(codes_pkg.__file__).parent
 TESTS_DIR = Path(__file__).parent

@@ -15,11 +15,11 @@ from trainguard.config.distributed import DistributedConfig
 from trainguard.config.load import load_recipe
 from trainguard.errors import BadInputError, ConfigError
 from trainguard.faults import FaultPlan
-from trainguard.guard import Guard
-from trainguard.guards.distributed import DistributedGuards
-from trainguard.guards.hang import missing_ranks
-from trainguard.guards.replica import compare_replicas, replica_digest
-from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
+from trainguard.guard.core import Guard
+from trainguard.guard.detectors.straggler import PhaseTimer, StragglerMonitor
+from trainguard.guard.distributed.guards import DistributedGuards
+from trainguard.guard.distributed.hang import missing_ranks
+from trainguard.guard.distributed.replica import compare_replicas, replica_digest
 from trainguard.numerics import fp32_accumulate_hook
 from trainguard.train.distributed import init_distributed, wrap_ddp
 from trainguard.train.launch import launch_argv

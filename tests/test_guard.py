@@ -11,12 +11,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trainguard import guard as guard_mod
+from trainguard.guard import core as guard_mod
 from trainguard.errors import ConfigError, RunHalted
-from trainguard.guard import Guard
-from trainguard.monitors import synthetic as S
-from trainguard.monitors.config import GuardsConfig
-from trainguard.monitors.rerun import classify_rerun
+from trainguard.guard.config import GuardsConfig
+from trainguard.guard.core import Guard
+from trainguard.guard.detectors import synthetic as S
+from trainguard.guard.rerun import classify_rerun
 
 
 @pytest.fixture(autouse=True)

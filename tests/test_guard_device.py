@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from trainguard.errors import ConfigError
-from trainguard.guard import Guard
-from trainguard.guards.masked_step import masked_step
-from trainguard.monitors import synthetic as S
-from trainguard.monitors.config import GuardsConfig
+from trainguard.guard.config import GuardsConfig
+from trainguard.guard.core import Guard
+from trainguard.guard.detectors import synthetic as S
+from trainguard.guard.masked_step import masked_step
 from trainguard.train.optim import Muon, OptimizerSet
 
 # Everything that turns a tensor into a host value (on CUDA: a sync with the device).

@@ -36,10 +36,10 @@ from runhelpers import judged_on_device  # noqa: E402
 from trainguard.checkpoint.staging import one_thread  # noqa: E402
 from trainguard.config.distributed import DistributedConfig  # noqa: E402
 from trainguard.errors import ConfigError, CorruptError, RunHalted  # noqa: E402
-from trainguard.guard import Guard  # noqa: E402
+from trainguard.guard.config import GuardsConfig  # noqa: E402
+from trainguard.guard.core import Guard  # noqa: E402
 from trainguard.integrations.hf import GuardedTrainer, TrainguardCallback  # noqa: E402
 from trainguard.integrations.hf_checkpoints import verified_best  # noqa: E402
-from trainguard.monitors.config import GuardsConfig  # noqa: E402
 
 # One worker builds this file's session runs under `-n N --dist loadgroup`.
 pytestmark = pytest.mark.xdist_group("hf-trainer")

@@ -33,13 +33,13 @@ from runhelpers import judged_on_device  # noqa: E402
 from trainguard import ElasticSampler  # noqa: E402
 from trainguard.config.distributed import DistributedConfig  # noqa: E402
 from trainguard.errors import ConfigError, RunHalted  # noqa: E402
-from trainguard.guard import Guard  # noqa: E402
+from trainguard.guard.config import GuardsConfig  # noqa: E402
+from trainguard.guard.core import Guard  # noqa: E402
 from trainguard.integrations.lightning import (  # noqa: E402
     TrainguardLightningCallback,
     VerifiedModelCheckpoint,
     fit,
 )
-from trainguard.monitors.config import GuardsConfig  # noqa: E402
 
 # One worker builds this file's session runs under `-n N --dist loadgroup`.
 pytestmark = pytest.mark.xdist_group("lightning-trainer")

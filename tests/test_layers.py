@@ -46,12 +46,10 @@ FLOORS: dict[str, int] = {
     "numerics": 2,
     "metrics": 2,
     "reference": 2,
-    "monitors": 2,
     "checkpoint": 2,
     "faults": 2,
     # 3 parts: each public part and check built from the primitives
     "guard": 3,
-    "guards": 3,
     "checks": 3,
     "evals": 3,
     "dedup": 3,
@@ -435,20 +433,19 @@ def test_a_planted_upward_import_is_named(tmp_path):
     root = _plant(
         tmp_path,
         {
-            "trainguard/__init__.py": '_LAZY = {"Guard": "trainguard.guard"}\n',
+            "trainguard/__init__.py": '_LAZY = {"Guard": "trainguard.guard.core"}\n',
             "trainguard/errors.py": "",
-            "trainguard/guard.py": "from trainguard.errors import x\n",
+            "trainguard/guard/core.py": "from trainguard.errors import x\n",
             "trainguard/train/__init__.py": "",
             "trainguard/train/run.py": "",
-            "trainguard/monitors/__init__.py": "from trainguard.monitors import detector\n",
-            "trainguard/monitors/detector.py": "",
-            "trainguard/monitors/config.py": "",
+            "trainguard/guard/__init__.py": "from trainguard.guard import core\n",
+            "trainguard/guard/config.py": "",
             "trainguard/data/__init__.py": "",
             "trainguard/data/corpus.py": """\
                 from typing import TYPE_CHECKING
                 from trainguard.errors import BadInputError
                 if TYPE_CHECKING:
-                    from trainguard.guard import Guard
+                    from trainguard.guard.core import Guard
                 def late():
                     from ..train import run
                     import importlib
@@ -462,14 +459,14 @@ def test_a_planted_upward_import_is_named(tmp_path):
     assert unplaced == ["trainguard.nowhere"]
     text = "\n".join(upward)
     corpus = "trainguard/data/corpus.py:{}: trainguard.data.corpus"
-    assert corpus.format(4) + " (floor 2) imports trainguard.guard (floor 3)" in text
+    assert corpus.format(4) + " (floor 2) imports trainguard.guard.core (floor 3)" in text
     assert corpus.format(6) + " (floor 2) imports trainguard.train.run (floor 4)" in text
     assert corpus.format(8) + " (floor 2) imports trainguard.train.run (floor 4)" in text
-    assert corpus.format(9) + " (floor 2) imports trainguard.guard (floor 3)" in text
+    assert corpus.format(9) + " (floor 2) imports trainguard.guard.core (floor 3)" in text
     assert corpus.format(6) + " imports trainguard.train.run (only the CLI may)" in text
-    # monitors/ holds a config.py (floor 1): its __init__ runs for the config, so it may not
-    # import the detectors.
-    assert "trainguard.monitors (floor 1) imports trainguard.monitors.detector (floor 2)" in text
+    # guard/ holds a config.py (floor 1): its __init__ runs for the config, so it may not
+    # import the Guard.
+    assert "trainguard.guard (floor 1) imports trainguard.guard.core (floor 3)" in text
     assert "errors" not in text
 
 
@@ -488,7 +485,7 @@ def test_loading_a_recipe_stays_on_the_config_floor():
     modules = all_modules(SRC)
     above = [m for m in out if (floor_of(m, modules) or 0) > 1]
     assert above == [], f"loading a recipe imported {above}"
-    assert "trainguard.monitors.config" in out and "torch" not in out  # nor torch
+    assert "trainguard.guard.config" in out and "torch" not in out  # nor torch
 
 
 def test_nothing_cites_a_design_file_outside_the_repo():

@@ -16,8 +16,8 @@ import yaml
 import trainguard
 from runhelpers import invoke_cli, tiny_recipe_dict
 from trainguard.cli.watch import watch_log
-from trainguard.monitors.config import MonitorsConfig
-from trainguard.monitors.loader import LoaderStallDetector
+from trainguard.guard.config import MonitorsConfig
+from trainguard.guard.detectors.loader import LoaderStallDetector
 
 
 def r605(decisions) -> list:

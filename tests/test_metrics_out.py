@@ -16,10 +16,10 @@ import yaml
 
 from runhelpers import invoke_cli, tiny_recipe_dict
 from trainguard.errors import ConfigError
-from trainguard.guard import Guard
+from trainguard.guard.core import Guard
+from trainguard.guard.detectors import synthetic as S
 from trainguard.metrics.jsonl import MetricsLog, read_metrics
 from trainguard.metrics.sinks import MetricsFanout, MetricsSink
-from trainguard.monitors import synthetic as S
 
 # under pytest-xdist the module's tests run on one worker, so its module fixture is built once
 pytestmark = pytest.mark.xdist_group("test_metrics_out")

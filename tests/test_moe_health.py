@@ -14,9 +14,9 @@ import yaml
 import trainguard
 from runhelpers import invoke_cli, tiny_recipe_dict
 from trainguard.config.schema import MoEConfig
+from trainguard.guard.config import MonitorsConfig
+from trainguard.guard.detectors.moe import MoEHealthDetector, router_summary
 from trainguard.model.moe import MoEFeedForward
-from trainguard.monitors.config import MonitorsConfig
-from trainguard.monitors.moe import MoEHealthDetector, router_summary
 
 MOE_CODES = {"R601", "R602", "R603", "R604"}
 # Short patiences so a 30-step unit test sees every code.

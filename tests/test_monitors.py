@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from trainguard.monitors import synthetic as S
-from trainguard.monitors.config import MonitorsConfig
-from trainguard.monitors.monitor_set import MonitorSet
-from trainguard.monitors.oscillation import find_wave, match_data_period
-from trainguard.monitors.window import RollingWindow
+from trainguard.guard.config import MonitorsConfig
+from trainguard.guard.detectors import synthetic as S
+from trainguard.guard.detectors.monitor_set import MonitorSet
+from trainguard.guard.detectors.oscillation import find_wave, match_data_period
+from trainguard.guard.detectors.window import RollingWindow
 
 N = 2000
 

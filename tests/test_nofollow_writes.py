@@ -53,7 +53,7 @@ def test_metrics_log_never_appends_through_a_link(tmp_path: Path, victim: Path) 
 @pytest.mark.timeout(30)  # the old code blocked forever opening the FIFO for appending
 def test_guard_refuses_a_linked_or_fifo_guard_jsonl(tmp_path: Path, victim: Path) -> None:
     from trainguard.findings import Finding
-    from trainguard.guard import Guard
+    from trainguard.guard.core import Guard
 
     linked, fifo = tmp_path / "linked", tmp_path / "fifo"
     linked.mkdir()
@@ -123,7 +123,7 @@ def test_framework_quarantine_never_moves_a_folder_out_through_a_link(tmp_path: 
 
 
 def test_stack_dumps_never_truncate_through_a_planted_link(tmp_path: Path, victim: Path) -> None:
-    from trainguard.monitors.hang_report import SigtermStackDump
+    from trainguard.guard.hang_report import SigtermStackDump
 
     run = tmp_path / "run"
     run.mkdir()

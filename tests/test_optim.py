@@ -275,7 +275,7 @@ def test_muon_run_killed_and_resumed_is_bitwise_identical(
 
 
 def test_replica_digest_covers_muon_and_adamw_state():
-    from trainguard.guards.replica import replica_digest
+    from trainguard.guard.distributed.replica import replica_digest
 
     model = make_model()
     opt = build_optimizer(_recipe("muon"), model)

@@ -14,7 +14,7 @@ from trainguard.config.identity import OPERATIONAL_KEYS, curve_recipe, recipe_ha
 from trainguard.config.load import load_recipe, recipe_to_dict
 from trainguard.errors import BadInputError
 from trainguard.findings import Finding
-from trainguard.monitors.reference import ReferenceMonitor
+from trainguard.guard.detectors.reference import ReferenceMonitor
 from trainguard.reference.curve import ReferenceCurve, load_reference
 from trainguard.reference.noise import learn_noise
 

@@ -21,8 +21,8 @@ from runhelpers import tiny_recipe_dict
 from trainguard import ElasticSampler, Guard
 from trainguard.config.load import validate_recipe
 from trainguard.faults import FaultPlan
-from trainguard.guards.decision import Decision
-from trainguard.guards.distributed import DistributedGuards
+from trainguard.guard.decision import Decision
+from trainguard.guard.distributed.guards import DistributedGuards
 from trainguard.train import spine
 from trainguard.train.callback import Callback, RunContext
 from trainguard.train.distributed import Dist

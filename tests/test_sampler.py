@@ -17,7 +17,7 @@ from loophelpers import loop_without_data
 from trainguard import ElasticSampler
 from trainguard.data.order import ElasticOrder, batch_hash
 from trainguard.errors import BadInputError
-from trainguard.guards.decision import Decision
+from trainguard.guard.decision import Decision
 from trainguard.train import spine
 
 

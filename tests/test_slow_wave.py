@@ -1,4 +1,4 @@
-"""R105 on long faint waves (monitors/slow_wave.py) and on noise that is not white: a wave of
+"""R105 on long faint waves (guard/detectors/slow_wave.py) and on noise that is not white: a wave of
 hundreds of steps under 3% batch noise is found with its period and amplitude; clean curves
 with heteroscedastic or AR(1)-correlated noise raise nothing; the coarse history survives a
 round trip; a short wave's alias is not a second wave."""
@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from trainguard.monitors import synthetic as S
-from trainguard.monitors.monitor_set import MonitorSet
-from trainguard.monitors.oscillation import OscillationDetector
-from trainguard.monitors.slow_wave import CoarseHistory, find_slow_wave
+from trainguard.guard.detectors import synthetic as S
+from trainguard.guard.detectors.monitor_set import MonitorSet
+from trainguard.guard.detectors.oscillation import OscillationDetector
+from trainguard.guard.detectors.slow_wave import CoarseHistory, find_slow_wave
 
 N = 3000
 

@@ -21,8 +21,8 @@ from trainguard import ElasticSampler
 from trainguard.config.load import load_recipe
 from trainguard.errors import ConfigError
 from trainguard.evals.spec import EvalSpecError, load_spec, task_rows
-from trainguard.guard import Guard
-from trainguard.monitors.config import GuardsConfig
+from trainguard.guard.config import GuardsConfig
+from trainguard.guard.core import Guard
 
 
 # -- recipes -------------------------------------------------------------------------------------

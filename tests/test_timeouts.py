@@ -1,6 +1,7 @@
-"""Timeouts from the run itself (monitors/timeouts.py): max(floor, min(ceiling, k * p_q)) over
+"""Timeouts from the run itself (guard/derived_timeouts.py): max(floor, min(ceiling, k * p_q)) over
 the recent step times; budgets of their own for checkpoints and evaluations; the fixed values
-when derivation is off or too few steps were seen. And the dead-peer check (guards/peers.py)."""
+when derivation is off or too few steps were seen. And the dead-peer check
+(guard/distributed/peers.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import pytest
 from pydantic import ValidationError
 
 from trainguard.config.distributed import DistributedConfig
-from trainguard.guards.distributed import DistributedGuards
-from trainguard.guards.group import MonitorGroup
-from trainguard.guards.hang import dead_rank_finding, lost_peer, lost_peer_finding
-from trainguard.guards.peers import (
+from trainguard.guard.derived_timeouts import StepTimes, derived_timeout, percentile
+from trainguard.guard.distributed.group import MonitorGroup
+from trainguard.guard.distributed.group_timeouts import GroupTimeouts
+from trainguard.guard.distributed.guards import DistributedGuards
+from trainguard.guard.distributed.hang import dead_rank_finding, lost_peer, lost_peer_finding
+from trainguard.guard.distributed.peers import (
     Death,
     Peer,
     dead_peers,
@@ -25,8 +28,6 @@ from trainguard.guards.peers import (
     process_start,
     this_process,
 )
-from trainguard.guards.timeouts import GroupTimeouts
-from trainguard.monitors.timeouts import StepTimes, derived_timeout, percentile
 
 
 def test_percentile_interpolates_between_ranks() -> None:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from trainguard.cli import app
 from trainguard.cli.watch import watch_log
-from trainguard.monitors import synthetic as S
+from trainguard.guard.detectors import synthetic as S
 
 runner = CliRunner()
 N = 1200

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from runhelpers import random_token_dataset
 from trainguard.cli import app
 from trainguard.cli.watch import watch_log
-from trainguard.monitors import synthetic as S
+from trainguard.guard.detectors import synthetic as S
 
 runner = CliRunner()
 SPIKE = 30  # the Trainer step whose loss is multiplied by 1000

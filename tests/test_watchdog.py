@@ -12,13 +12,13 @@ import time
 import pytest
 
 from trainguard.errors import ExitStatus
-from trainguard.monitors.hang_report import read_hang_reports
-from trainguard.monitors.watchdog import Watchdog
+from trainguard.guard.hang_report import read_hang_reports
+from trainguard.guard.watchdog import Watchdog
 
 SCRIPT = textwrap.dedent(
     """
     import sys, time
-    from trainguard.monitors.watchdog import Watchdog
+    from trainguard.guard.watchdog import Watchdog
 
     run_dir, mode = sys.argv[1], sys.argv[2]
     wd = Watchdog(run_dir, floor_s=0.6, factor=5.0, rank=0, backstop_s=1.0).start()
@@ -138,7 +138,7 @@ def test_timeout_is_learned_from_step_times(tmp_path):
 
 
 def test_from_guards_config(tmp_path):
-    from trainguard.monitors.config import GuardsConfig
+    from trainguard.guard.config import GuardsConfig
 
     wd = Watchdog.from_config(tmp_path, GuardsConfig(hang_floor_s=42.0, hang_window=4), rank=1)
     assert (wd.floor_s, wd.factor, wd.durations.maxlen, wd.rank) == (42.0, 5.0, 4, 1)

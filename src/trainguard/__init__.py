@@ -12,12 +12,12 @@ from trainguard.util.lazy import lazy_getattr
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Guard": "trainguard.guard",
-    "GuardsConfig": "trainguard.monitors.config",
-    "Decision": "trainguard.guards.decision",
-    "DistributedGuards": "trainguard.guards.distributed",
+    "Guard": "trainguard.guard.core",
+    "GuardsConfig": "trainguard.guard.config",
+    "Decision": "trainguard.guard.decision",
+    "DistributedGuards": "trainguard.guard.distributed.guards",
     "ElasticSampler": "trainguard.data.sampler",
-    "Watchdog": "trainguard.monitors.watchdog",
+    "Watchdog": "trainguard.guard.watchdog",
     "Finding": "trainguard.findings",
     "Checkpointer": "trainguard.checkpoint.checkpointer",
     "run_recipe": "trainguard.train.run",
@@ -35,12 +35,12 @@ if TYPE_CHECKING:
     from trainguard.data.sampler import ElasticSampler as ElasticSampler
     from trainguard.errors import ExitStatus as ExitStatus
     from trainguard.findings import Finding as Finding
-    from trainguard.guard import Guard as Guard
-    from trainguard.guards.decision import Decision as Decision
-    from trainguard.guards.distributed import DistributedGuards as DistributedGuards
+    from trainguard.guard.config import GuardsConfig as GuardsConfig
+    from trainguard.guard.core import Guard as Guard
+    from trainguard.guard.decision import Decision as Decision
+    from trainguard.guard.distributed.guards import DistributedGuards as DistributedGuards
+    from trainguard.guard.watchdog import Watchdog as Watchdog
     from trainguard.model.moe import collect_router_stats as collect_router_stats
-    from trainguard.monitors.config import GuardsConfig as GuardsConfig
-    from trainguard.monitors.watchdog import Watchdog as Watchdog
     from trainguard.train.outcome import RunResult as RunResult
     from trainguard.train.run import run_recipe as run_recipe
 

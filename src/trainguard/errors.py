@@ -117,7 +117,7 @@ class RunHalted(TrainguardError):
 
 class RunHung(TrainguardError):
     """The hang watchdog stopped a stuck step. Never raised: the process exits from the
-    watchdog's thread (monitors/watchdog.py); this names the outcome in a run's result."""
+    watchdog's thread (guard/watchdog.py); this names the outcome in a run's result."""
 
     exit_status = ExitStatus.HANG
 

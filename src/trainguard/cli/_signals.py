@@ -13,7 +13,7 @@ atomically, so ending at once loses nothing that was complete.
 
 Inside a torchrun worker SIGTERM keeps its default action: the elastic agent sends it to tear a
 job down, and it must end even a rank stuck in a collective (after the distributed guards
-(`guards/distributed.py`) have dumped its stacks).
+(`guard/distributed/guards.py`) have dumped its stacks).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def _launch_job(
     """`run --nproc`: hold the run dir's lock here for the workers (they know this process by
     the pid in TRAINGUARD_LOCK_HOLDER), set the previous run aside for `--fresh` (`fresh`: the
     recipe), launch them, and collect rank 0's result."""
-    from trainguard.monitors.watchdog import remove_unused_backstops
+    from trainguard.guard.watchdog import remove_unused_backstops
     from trainguard.train.launch import launch
     from trainguard.train.resume import start_fresh
     from trainguard.train.rundir import ensure_writable

@@ -21,13 +21,13 @@ from trainguard.cli._episodes import emit_episodes, episode_counts, episodes_tab
 from trainguard.cli.common import console, exit_status
 from trainguard.errors import ConfigError, DataError
 from trainguard.findings import EpisodeGrouper, Finding, has_errors, step_interval
+from trainguard.guard.config import MonitorsConfig
+from trainguard.guard.detectors.loader import LoaderStallDetector
+from trainguard.guard.detectors.metric_names import choose_metrics
+from trainguard.guard.detectors.monitor_set import MonitorSet, infer_kind
+from trainguard.guard.detectors.zero_loss import ZeroLossDetector
 from trainguard.metrics.formats import ACCEPTED, detect_format, follow_rows, read_rows
 from trainguard.metrics.logfile import LogState, normalise
-from trainguard.monitors.config import MonitorsConfig
-from trainguard.monitors.loader import LoaderStallDetector
-from trainguard.monitors.metric_names import choose_metrics
-from trainguard.monitors.monitor_set import MonitorSet, infer_kind
-from trainguard.monitors.zero_loss import ZeroLossDetector
 
 
 def _config(assignments: list[str] | None) -> MonitorsConfig:
@@ -58,7 +58,7 @@ def _grad_beside(loss: str, names: set[str]) -> str | None:
 
 class Replay:
     """The detectors `watch` runs over a log's step rows (see the module docstring), and a
-    loss logged as exactly 0.0 (R101/R107, `monitors.zero_loss`: `hf_filtered` for a Hugging
+    loss logged as exactly 0.0 (R101/R107, `guard.detectors.zero_loss`: `hf_filtered` for a Hugging
     Face `trainer_state.json`, whose Trainer writes a non-finite loss as 0.0)."""
 
     def __init__(

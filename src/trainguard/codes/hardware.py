@@ -36,7 +36,7 @@ register(
     ),
 )
 
-# --- H2xx multi-process: replicas and stragglers (guards/distributed.py) --------------------------
+# --- H2xx multi-process: replicas and stragglers (guard/distributed/guards.py) --------------------
 register(
     Code(
         code="H201",

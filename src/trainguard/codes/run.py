@@ -256,7 +256,7 @@ register(
     ),
 )
 
-# --- R3xx multi-process hangs (guards/distributed.py) ---------------------------------------------
+# --- R3xx multi-process hangs (guard/distributed/guards.py) ---------------------------------------
 register(
     Code(
         code="R301",
@@ -484,7 +484,7 @@ register(
     ),
 )
 
-# --- R601-R605 MoE router health and data-loader stalls (monitors/moe.py, loader.py) --------------
+# --- R601-R605 MoE router health and data-loader stalls (guard/detectors/moe.py, loader.py) -------
 register(
     Code(
         code="R601",

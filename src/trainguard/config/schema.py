@@ -12,8 +12,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from trainguard.config.distributed import DistributedConfig
 from trainguard.config.evals import EvalsConfig
+from trainguard.guard.config import GuardsConfig
 from trainguard.metrics.config import MetricsConfig
-from trainguard.monitors.config import GuardsConfig
 from trainguard.util.strict import StrictModel
 
 SEED_MAX = 2**63 - 1

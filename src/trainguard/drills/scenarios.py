@@ -82,7 +82,7 @@ def corrupt_checkpoint(ctx: DrillContext) -> DrillRow:
 
 @drill("hang", "hang in the forward pass")
 def hang(ctx: DrillContext) -> DrillRow:
-    from trainguard.monitors.hang_report import read_hang_reports
+    from trainguard.guard.hang_report import read_hang_reports
 
     step = ctx.plan.fault_step + ctx.plan.interval // 2
     row = relaunch_drill(

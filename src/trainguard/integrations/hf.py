@@ -50,7 +50,7 @@ are not supported.
 
 On CUDA (`GuardsConfig.decide_on`, "auto"), one process, no fp16 GradScaler: the step is judged
 with `Guard.step_async`, no host sync: the skip is decided on the device and the Trainer's own
-`optimizer.step()` is masked there (`guards.masked_step.MaskedUpdate`: fused AdamW through
+`optimizer.step()` is masked there (`guard.masked_step.MaskedUpdate`: fused AdamW through
 `found_inf`, other optimizers by a snapshot selected back); the decision is read back with the
 next step, or before a save, an evaluation or the end. A rollback or halt decided a step late
 stops the Trainer before the next update, as above.
@@ -72,10 +72,10 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from trainguard.data.sampler import ElasticSampler
 from trainguard.errors import BadInputError, ConfigError, CorruptError
-from trainguard.guard import Guard, grad_norm_of
-from trainguard.guards.decision import Decision
-from trainguard.guards.device import PendingStep
-from trainguard.guards.masked_step import MaskedUpdate
+from trainguard.guard.core import Guard, grad_norm_of
+from trainguard.guard.decision import Decision
+from trainguard.guard.device import PendingStep
+from trainguard.guard.masked_step import MaskedUpdate
 from trainguard.integrations.hf_callback import TrainguardCallback
 from trainguard.integrations.hf_checkpoints import (
     PREFIX,

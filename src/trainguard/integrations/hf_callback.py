@@ -14,8 +14,8 @@ from trainguard.integrations.hf_checkpoints import PREFIX, commit_checkpoint, ro
 
 if TYPE_CHECKING:
     from trainguard.data.sampler import ElasticSampler
-    from trainguard.guard import Guard
-    from trainguard.guards.decision import Decision
+    from trainguard.guard.core import Guard
+    from trainguard.guard.decision import Decision
 
 
 class GuardedTrainerHooks(Protocol):

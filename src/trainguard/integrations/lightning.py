@@ -32,7 +32,7 @@ Lightning sets up in `fit`). Automatic optimization only.
 
 On CUDA (`GuardsConfig.decide_on`, "auto"; not with fp16's GradScaler or metrics averaged over
 ranks): `Guard.step_async`, no host sync: the skip is decided on the device and Lightning's
-optimizer step is masked there (`guards.masked_step.MaskedUpdate`); the decision is read back
+optimizer step is masked there (`guard.masked_step.MaskedUpdate`); the decision is read back
 with the next step, or before `VerifiedModelCheckpoint` saves and at the end.
 """
 
@@ -51,10 +51,10 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from trainguard.checkpoint.manifest import MANIFEST
 from trainguard.data.sampler import ElasticSampler
 from trainguard.errors import ConfigError, RunHalted
-from trainguard.guard import Guard, grad_norm_of
-from trainguard.guards.decision import Decision
-from trainguard.guards.device import PendingStep
-from trainguard.guards.masked_step import MaskedUpdate
+from trainguard.guard.core import Guard, grad_norm_of
+from trainguard.guard.decision import Decision
+from trainguard.guard.device import PendingStep
+from trainguard.guard.masked_step import MaskedUpdate
 from trainguard.integrations.verified import (
     Verified,
     commit_folder,

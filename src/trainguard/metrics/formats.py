@@ -7,8 +7,9 @@
   column per run, with `<run> - <metric>__MIN` / `__MAX` companions (ignored).
 
 Every reader yields plain dict rows with a `step` key and the metric names the trainer used
-(`train/loss`, `loss`, `grad_norm`, ...), which `monitors.metric_names.KNOWN_METRICS` maps to the
-detectors. Anything else is a `DataError` (exit 2) naming the accepted formats.
+(`train/loss`, `loss`, `grad_norm`, ...), which
+`guard.detectors.metric_names.KNOWN_METRICS` maps to the detectors.
+Anything else is a `DataError` (exit 2) naming the accepted formats.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainguard.errors import NoUsableCheckpoint, RunHalted
-from trainguard.guards.decision import Decision
-from trainguard.guards.rollback import restore
+from trainguard.guard.decision import Decision
+from trainguard.guard.rollback import restore
 from trainguard.train.compute import StepResult
 from trainguard.train.saving import finish_checkpoint
 
@@ -31,7 +31,7 @@ def rerun(loop: Loop, decision: Decision, first: StepResult, position: int) -> N
 
 
 def roll_back(loop: Loop, decision: Decision) -> None:
-    """Return to the newest verified checkpoint (`guards.rollback.restore`, as `Guard.rollback`
+    """Return to the newest verified checkpoint (`guard.rollback.restore`, as `Guard.rollback`
     does) and never read the bad steps' batches again. The guard's counters, the sampler's
     earlier skips and the callbacks' state outlive the restore (a rollback rewinds the model,
     not the run's history)."""

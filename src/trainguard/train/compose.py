@@ -13,8 +13,8 @@ from trainguard.data.sampler import ElasticSampler
 from trainguard.data.shards import data_identity
 from trainguard.faults import FaultPlan
 from trainguard.findings import Finding
-from trainguard.guard import Guard
-from trainguard.guards.distributed import DistributedGuards
+from trainguard.guard.core import Guard
+from trainguard.guard.distributed.guards import DistributedGuards
 from trainguard.reference.select import Selected
 from trainguard.train.callback import Callback, Callbacks, RunContext
 from trainguard.train.callbacks.distributed import DistributedGuardsCallback

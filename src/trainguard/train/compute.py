@@ -27,7 +27,7 @@ from trainguard.config.schema import Recipe
 from trainguard.data.order import batch_hash, rank_slice
 from trainguard.data.sampler import ElasticSampler
 from trainguard.faults import FaultPlan
-from trainguard.guards.device import PendingStep
+from trainguard.guard.device import PendingStep
 from trainguard.train.distributed import World
 from trainguard.train.optim import Optimizer
 from trainguard.train.schedule import LrSchedule

@@ -2,7 +2,7 @@
 default): the loop never waits for the device inside a step.
 
 Per step, `judge` gives the step's loss and gradient norm (device tensors) to
-`Guard.step_async`, which masks the update on the device (guards/device.py), and settles the
+`Guard.step_async`, which masks the update on the device (guard/device.py), and settles the
 previous step: its findings, its rerun, its rollback or halt, and its step row, held until its
 values are read back and then handed to the callbacks (`post_step`) as the host path does at
 once. `flush` settles the current step now: the loop calls it before what must see a settled
@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trainguard.guards.decision import Decision
-from trainguard.guards.device import PendingStep
+from trainguard.guard.decision import Decision
+from trainguard.guard.device import PendingStep
 from trainguard.train.actions import rerun, roll_back
 from trainguard.train.compute import StepResult
 
-MOE_COLUMNS = ("moe_drop_frac", "moe_load_max", "moe_load_min")  # monitors.moe.router_summary
+# The columns of guard.detectors.moe.router_summary.
+MOE_COLUMNS = ("moe_drop_frac", "moe_load_max", "moe_load_min")
 
 if TYPE_CHECKING:
     from trainguard.train.loop import Loop

@@ -10,7 +10,7 @@ Two groups:
   is long while the run warms up (data preparation, the first step) and becomes
   `collective_timeout_s` after `warmup_steps` steps, so a hung rank is noticed in seconds
   rather than the backend's default 30 minutes;
-- a gloo "monitor" group with a long timeout (`guards.group.MonitorGroup`) carries
+- a gloo "monitor" group with a long timeout (`guard.distributed.group.MonitorGroup`) carries
   trainguard's own traffic: monitored barriers (the only collective that names the ranks that
   did not arrive), the resume step, replica hashes and straggler timings. It never waits on the
   GPU.
@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from trainguard.config.distributed import DistributedConfig
 from trainguard.errors import ConfigError
-from trainguard.guards.group import MonitorGroup
+from trainguard.guard.distributed.group import MonitorGroup
 
 
 @dataclass

@@ -36,8 +36,8 @@ from typing import Any
 
 from trainguard.errors import BadInputError, ExitStatus
 from trainguard.findings import Finding
-from trainguard.guards.hang import dead_rank_finding
-from trainguard.guards.peers import Death
+from trainguard.guard.distributed.hang import dead_rank_finding
+from trainguard.guard.distributed.peers import Death
 from trainguard.util.processes import launcher_env
 
 

@@ -12,7 +12,7 @@ from trainguard.checkpoint.checkpointer import Checkpointer
 from trainguard.checkpoint.results import AsyncSave
 from trainguard.data.sampler import ElasticSampler
 from trainguard.faults import FaultPlan
-from trainguard.guard import Guard
+from trainguard.guard.core import Guard
 from trainguard.train.callback import Callbacks, RunContext
 from trainguard.train.compute import Trainer
 

@@ -9,7 +9,7 @@ validation loss of 500 AdamW steps (docs/benchmarks.md), which is what lets the 
 Why not `torch.optim.Muon`: it runs Newton-Schulz in bfloat16, which lands about 2.6e-2
 (relative) from the same iteration in float64, against 1.4e-6 in float32 here; torch before 2.9
 has no Muon at all; and the guard's device path skips an update of this Muon through
-`found_inf` on the device (guards/masked_step.py). Speed is no reason either way: it depends on
+`found_inf` on the device (guard/masked_step.py). Speed is no reason either way: it depends on
 the CPU. On an AMD EPYC with avx512_bf16 (bf16 dot-product units), torch's step over the
 default model's matrices took 0.6x the time of this one's (37 ms vs 59 ms, one thread;
 `python benchmarks/bench_optimizer.py --configs ""`, docs/benchmarks.md quotes each figure with
@@ -140,7 +140,7 @@ class Muon(Eager, torch.optim.Optimizer):
                     )
 
     # `found_inf` (GradScaler's convention, a 0-dim tensor, 1 = skip), set by the guard's
-    # device-side skip (guards/masked_step.py): the update is selected away on the device.
+    # device-side skip (guard/masked_step.py): the update is selected away on the device.
     _step_supports_found_inf = True
 
     @torch.no_grad()
@@ -250,7 +250,7 @@ def build_optimizer(recipe: Recipe, model: nn.Module) -> Optimizer:
     AdamW without decay on everything else. On CPU `foreach`/`fused` stay at torch's
     defaults, the single-tensor loops: deterministic, so the same recipe gives bitwise the same
     weights. On CUDA AdamW is fused: torch's fastest, and the guard's device path skips its
-    update through `found_inf` at no cost (guards/masked_step.py).
+    update through `found_inf` at no cost (guard/masked_step.py).
     """
     t = recipe.train
     matrices, embeds, others = split_params(model)

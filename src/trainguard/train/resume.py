@@ -32,8 +32,8 @@ from trainguard.config.schema import Recipe
 from trainguard.data.shards import compare_identity
 from trainguard.errors import NoUsableCheckpoint, RunHalted, StorageError, TrainguardError
 from trainguard.findings import Finding
+from trainguard.guard.hang_report import read_hang_reports
 from trainguard.metrics.jsonl import read_metrics
-from trainguard.monitors.hang_report import read_hang_reports
 from trainguard.train.checkpoint_files import RECIPE_FILE
 from trainguard.train.envinfo import drift_findings
 from trainguard.train.refusals import refuse_blocked_attic

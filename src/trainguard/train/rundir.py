@@ -25,7 +25,7 @@ import yaml
 
 from trainguard.config.load import RECIPE_FILE, RESUMABLE_KEYS, read_run_recipe, recipe_diff
 from trainguard.errors import ResumeMismatchError, RunDirBusyError, StorageError, TrainguardError
-from trainguard.monitors.watchdog import remove_unused_backstops
+from trainguard.guard.watchdog import remove_unused_backstops
 from trainguard.util.atomic import atomic_write_text
 from trainguard.util.nofollow import refuse_links_before_start
 from trainguard.util.processes import pid_alive

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from trainguard.monitors.moe import router_summary
+from trainguard.guard.detectors.moe import router_summary
 from trainguard.train.actions import replicas_halted, rerun, roll_back
 from trainguard.train.device_steps import DeviceSteps
 from trainguard.train.loop import Loop

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainguard.guards.distributed import DistributedGuards
+from trainguard.guard.distributed.guards import DistributedGuards
 from trainguard.train.callback import Callback, RunContext
 
 LONG_PHASES = ("eval", "checkpoint")

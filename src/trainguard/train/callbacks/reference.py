@@ -1,7 +1,7 @@
 """The run's comparison with a reference curve (`reference.path`, or a shipped reference of the
 recipe): which reference, whether to expect the same bits, the environment differences to
 report next to a departure (H101), and every finished step's loss and batch hash fed to the
-pure `monitors/reference.py` (R501-R507).
+pure `guard/detectors/reference.py` (R501-R507).
 
 The reference is selected when the run starts (`train/run.py`, before any expensive work: an
 unreadable one, or another recipe's without `reference.force`, is exit 2 at once); the monitor
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.findings import Finding
-from trainguard.monitors.reference import ReferenceMonitor
+from trainguard.guard.detectors.reference import ReferenceMonitor
 from trainguard.reference.select import Selected
 from trainguard.train.callback import Callback, RunContext
 from trainguard.train.envinfo import BITWISE_KEYS, drift_findings, environment_changes

@@ -1,4 +1,4 @@
-"""The hang watchdog of `trainguard run` (`monitors/watchdog.py`): started before the first
+"""The hang watchdog of `trainguard run` (`guard/watchdog.py`): started before the first
 step, told every phase and every finished step, stopped when the run ends. A step that stops
 making progress (a deadlock, a stuck collective, an injected `hang@N`) is dumped with its phase
 and the process exits 3 for a restart (R210); `on_timeout(finding)` runs first.
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.findings import Finding
-from trainguard.monitors.watchdog import Watchdog
+from trainguard.guard.watchdog import Watchdog
 from trainguard.train.callback import Callback, RunContext
 
 

@@ -21,7 +21,7 @@ from trainguard.util.strict import StrictModel
 
 Action = Literal["apply", "skip", "rollback", "halt"]
 ACTIONS: tuple[str, ...] = ("apply", "skip", "rollback", "halt")
-"""What the loop does with a step's update, weakest first (`guards/decision.py`)."""
+"""What the loop does with a step's update, weakest first (`guard/decision.py`)."""
 
 
 class MonitorsConfig(StrictModel):

@@ -58,10 +58,16 @@ from typing import Any
 import numpy as np
 
 from trainguard.findings import Finding
-from trainguard.monitors.slow_wave import EVERY, RESOLUTION, CoarseHistory, find_slow_wave, is_alias
-from trainguard.monitors.spectral import MIN_ROWS, detrended, local_peak
-from trainguard.monitors.spectral import component as _component
-from trainguard.monitors.spectral import peak_bin as _peak_bin
+from trainguard.guard.detectors.slow_wave import (
+    EVERY,
+    RESOLUTION,
+    CoarseHistory,
+    find_slow_wave,
+    is_alias,
+)
+from trainguard.guard.detectors.spectral import MIN_ROWS, detrended, local_peak
+from trainguard.guard.detectors.spectral import component as _component
+from trainguard.guard.detectors.spectral import peak_bin as _peak_bin
 
 __all__ = [
     "MIN_ROWS",

@@ -8,7 +8,7 @@ torchtitan's, the device path splits the guard in two:
   thresholds the history fixed before the step (`SpikeDetector.threshold()`: the rolling median,
   sigma and ratio line, passed to the kernels as Python scalars) and tested for non-finite
   values; the result is `ok`, a 0-dim bool tensor, and the values are copied, without waiting,
-  to pinned host memory (`Staged`). The update is then masked by `ok` (guards/masked_step.py).
+  to pinned host memory (`Staged`). The update is then masked by `ok` (guard/masked_step.py).
   Nothing is read back.
 - the bookkeeping (`Staged.read`, then the same detectors and actions as `Guard.step`): at the
   next step's call (or `Guard.flush()`), once the device has long finished the copy, the values
@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from trainguard.guards.decision import Decision
-from trainguard.guards.masked_step import HostRepair, masked_step
+from trainguard.guard.decision import Decision
+from trainguard.guard.masked_step import HostRepair, masked_step
 
 
 def is_tensor(x: Any) -> bool:
@@ -149,7 +149,7 @@ class PendingStep:
 
     def optimizer_step(self, optimizer: Any) -> None:
         """`optimizer.step()`, kept only if the device let this step through (see
-        guards/masked_step.py for how each optimizer is masked). Use this instead of
+        guard/masked_step.py for how each optimizer is masked). Use this instead of
         `optimizer.step()`: a plain step would apply a rejected update."""
         if self.dropped:
             raise RuntimeError(

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 from trainguard.errors import RunHalted
 from trainguard.findings import Finding
-from trainguard.monitors.config import ACTIONS, Action
+from trainguard.guard.config import ACTIONS, Action
 
 STRENGTH = {a: i for i, a in enumerate(ACTIONS)}
 # The codes `Guard.step_async` decides on the device: the only ones whose skip vetoes the
-# update of the very step they score (guards/device.py).
+# update of the very step they score (guard/device.py).
 DEVICE_CODES: tuple[str, ...] = ("R101", "R102", "R103")
 
 

@@ -1,5 +1,5 @@
 """The multi-process timeouts of one rank: the gradient group's collective timeout and the
-monitored barriers' hang timeout, derived from the run's own step times (monitors/timeouts.py),
+monitored barriers' hang timeout, derived from the run's own step times (guard/derived_timeouts.py),
 with the start-up, checkpoint and eval budgets apart.
 
     collective = max(timeout_floor_s, min(collective_timeout_s, timeout_factor x p99))
@@ -17,8 +17,8 @@ import contextlib
 from collections.abc import Iterator
 
 from trainguard.config.distributed import DistributedConfig
-from trainguard.guards.group import shorten_default_timeout
-from trainguard.monitors.timeouts import StepTimes, derived_timeout
+from trainguard.guard.derived_timeouts import StepTimes, derived_timeout
+from trainguard.guard.distributed.group import shorten_default_timeout
 
 BUDGET_PHASES = ("checkpoint", "eval")  # phases with a timeout of their own, not a step time
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainguard.findings import Finding
-from trainguard.monitors.config import MonitorsConfig
+from trainguard.guard.config import MonitorsConfig
 
 RouterStats = Mapping[str, Mapping[str, Any]]
 

@@ -11,8 +11,8 @@ import re
 
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
-from trainguard.guards.group import MonitorGroup
-from trainguard.guards.peers import Death
+from trainguard.guard.distributed.group import MonitorGroup
+from trainguard.guard.distributed.peers import Death
 
 _MISSING = re.compile(r"Ranks? ([\d,\s]+?) failed to pass monitoredBarrier")
 # How a peer's death reads in gloo's errors: its connection closed under us ("Connection closed

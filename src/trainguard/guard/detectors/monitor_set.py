@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
 from trainguard.findings import Finding
-from trainguard.monitors.config import MonitorsConfig
-from trainguard.monitors.divergence import DivergenceDetector
-from trainguard.monitors.nonfinite import NonFiniteDetector
-from trainguard.monitors.oscillation import OscillationDetector
-from trainguard.monitors.spikes import SpikeDetector
-from trainguard.monitors.throughput import ThroughputDetector
+from trainguard.guard.config import MonitorsConfig
+from trainguard.guard.detectors.divergence import DivergenceDetector
+from trainguard.guard.detectors.nonfinite import NonFiniteDetector
+from trainguard.guard.detectors.oscillation import OscillationDetector
+from trainguard.guard.detectors.spikes import SpikeDetector
+from trainguard.guard.detectors.throughput import ThroughputDetector
 
 MetricKind = Literal["loss", "grad_norm", "throughput"]
 METRIC_KINDS: tuple[str, ...] = ("loss", "grad_norm", "throughput")

@@ -36,8 +36,8 @@ from typing import Any
 
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
-from trainguard.monitors.hang_report import main_thread_frame, report_path, write_hang_report
-from trainguard.monitors.timeouts import derived_timeout
+from trainguard.guard.derived_timeouts import derived_timeout
+from trainguard.guard.hang_report import main_thread_frame, report_path, write_hang_report
 from trainguard.util.nofollow import open_truncate
 
 __all__ = ["PHASES", "Watchdog"]
@@ -132,7 +132,7 @@ class Watchdog:
     # --- the learned timeout ----------------------------------------------------------------
     def timeout(self) -> float:
         """max(floor, factor * median recent step time), or the current phase's own floor
-        (monitors/timeouts.py's rule, with the median)."""
+        (guard/derived_timeouts.py's rule, with the median)."""
         learned = derived_timeout(
             self.durations,
             factor=self.factor,

@@ -46,21 +46,21 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.errors import ConfigError
 from trainguard.findings import Finding
-from trainguard.guards.arguments import actions_arg, guards_config, metric_arg, state_arg
-from trainguard.guards.decision import DEVICE_CODES, STRENGTH, Decision
-from trainguard.guards.rollback import checkpointer_findings, restore
+from trainguard.guard.arguments import actions_arg, guards_config, metric_arg, state_arg
+from trainguard.guard.config import ACTIONS, Action, GuardsConfig
+from trainguard.guard.decision import DEVICE_CODES, STRENGTH, Decision
+from trainguard.guard.detectors.loader import LoaderStallDetector
+from trainguard.guard.detectors.moe import MoEHealthDetector, RouterStats, router_summary
+from trainguard.guard.detectors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
+from trainguard.guard.rerun import classify_rerun
+from trainguard.guard.rollback import checkpointer_findings, restore
 from trainguard.metrics.jsonl import MetricsLog
 from trainguard.metrics.sinks import MetricsFanout, MetricsSink
-from trainguard.monitors.config import ACTIONS, Action, GuardsConfig
-from trainguard.monitors.loader import LoaderStallDetector
-from trainguard.monitors.moe import MoEHealthDetector, RouterStats, router_summary
-from trainguard.monitors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
-from trainguard.monitors.rerun import classify_rerun
 
 if TYPE_CHECKING:  # imported when a Guard is made distributed (torch.distributed)
     from trainguard.config.distributed import DistributedConfig
-    from trainguard.guards.device import PendingStep, Staged
-    from trainguard.guards.distributed import DistributedGuards
+    from trainguard.guard.device import PendingStep, Staged
+    from trainguard.guard.distributed.guards import DistributedGuards
 
 __all__ = ["Guard", "grad_norm_of"]
 
@@ -84,7 +84,7 @@ def _to_float(name: str, x: Any) -> float | None:
 
 def grad_norm_of(model: Any) -> float:
     """The global L2 norm of the model's gradients (parameters without gradients ignored)."""
-    from trainguard.guards.device import grad_norm_tensor
+    from trainguard.guard.device import grad_norm_tensor
 
     norm = grad_norm_tensor(model)
     return 0.0 if norm is None else float(norm.item())  # deliberate host sync
@@ -144,7 +144,7 @@ class Guard:
         if distributed is False:
             return None
         from trainguard.config.distributed import DistributedConfig
-        from trainguard.guards.distributed import DistributedGuards
+        from trainguard.guard.distributed.guards import DistributedGuards
 
         if isinstance(distributed, DistributedGuards):
             return distributed  # built by the caller (trainguard run does)
@@ -252,7 +252,7 @@ class Guard:
         step_time_s: float | None = None,
         **metrics: Any,
     ) -> PendingStep:
-        """Judge this step on the device; do the previous step's bookkeeping (guards/device.py).
+        """Judge this step on the device; do the previous step's bookkeeping (guard/device.py).
 
             pending = guard.step_async(step, loss=loss, model=model)  # loss: a device tensor
             earlier = pending.resolved       # the previous step's Decision, read back now
@@ -273,7 +273,7 @@ class Guard:
         work for them). Needs every skip-action code among R101-R103 (ConfigError otherwise):
         a skip decided from the history alone cannot veto the update it arrives after.
         """
-        from trainguard.guards.device import PendingStep, grad_norm_tensor, judge
+        from trainguard.guard.device import PendingStep, grad_norm_tensor, judge
 
         if not self.config.enabled:
             return PendingStep(step, None)
@@ -303,7 +303,7 @@ class Guard:
     def flush(self) -> Decision | None:
         """The pending step's bookkeeping now (one host read of its staged values): its
         Decision, or None when nothing is pending. A skipped update's host-side state is put
-        back here (guards/masked_step.py), before anything can read it."""
+        back here (guard/masked_step.py), before anything can read it."""
         if self._pending is None:
             return None
         pending, staged = self._pending
@@ -579,7 +579,7 @@ class Guard:
         return moe, loader
 
     def _data_period(self) -> float | None:
-        from trainguard.monitors.oscillation import OscillationDetector
+        from trainguard.guard.detectors.oscillation import OscillationDetector
 
         for m in self.monitors.monitors.values():
             if isinstance(m, OscillationDetector):

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainguard.findings import Finding
-from trainguard.monitors.window import RollingWindow
+from trainguard.guard.detectors.window import RollingWindow
 
 
 class ThroughputDetector:

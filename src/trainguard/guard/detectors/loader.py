@@ -16,8 +16,8 @@ import math
 from typing import Any
 
 from trainguard.findings import Finding
-from trainguard.monitors.config import MonitorsConfig
-from trainguard.monitors.window import RollingWindow
+from trainguard.guard.config import MonitorsConfig
+from trainguard.guard.detectors.window import RollingWindow
 
 
 class LoaderStallDetector:

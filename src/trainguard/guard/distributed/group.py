@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainguard.guards.peers import Peer, this_process
+from trainguard.guard.distributed.peers import Peer, this_process
 
 
 def _td(seconds: float) -> datetime.timedelta:

@@ -7,8 +7,8 @@ Reading the log itself (JSON Lines, CSV, TensorBoard, `trainer_state.json`, W&B 
 from __future__ import annotations
 
 from trainguard.errors import DataError
+from trainguard.guard.detectors.monitor_set import MetricKind, infer_kind
 from trainguard.metrics.accepted import ACCEPTED
-from trainguard.monitors.monitor_set import MetricKind, infer_kind
 
 # Names trainers give the metrics the detectors know: trainguard's own log and its TensorBoard
 # tags (`train/...`), Hugging Face (`loss`, `grad_norm`; `train/loss` in its TensorBoard and

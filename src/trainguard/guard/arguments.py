@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainguard.errors import ConfigError
-from trainguard.monitors.config import GuardsConfig
+from trainguard.guard.config import GuardsConfig
 
 
 def guards_config(config: Any) -> GuardsConfig:
@@ -27,8 +27,7 @@ def guards_config(config: Any) -> GuardsConfig:
         raise ConfigError(
             f"Guard(config=...) must be a GuardsConfig or a dict of its fields, got "
             f"{type(config).__name__}",
-            "pass trainguard.monitors.config.GuardsConfig(...) or a dict such as "
-            "{'spike_window': 64}",
+            "pass trainguard.guard.config.GuardsConfig(...) or a dict such as {'spike_window': 64}",
         )
     try:
         return GuardsConfig.model_validate(dict(config))

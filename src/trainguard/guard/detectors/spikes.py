@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainguard.findings import Finding
-from trainguard.monitors.window import RollingWindow
+from trainguard.guard.detectors.window import RollingWindow
 
 
 class SpikeDetector:
@@ -42,7 +42,7 @@ class SpikeDetector:
         scored against, or None while it is not scored (too little history, median <= 0).
 
         Known before the value arrives, so a device can apply `spiked` to the value itself
-        (guards/device.py) and agree with `update` exactly."""
+        (guard/device.py) and agree with `update` exactly."""
         if len(self.window) < self.min_history:
             return None
         med = self.window.median()

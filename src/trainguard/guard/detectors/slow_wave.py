@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from trainguard.monitors.spectral import local_peak, trend_fit
+from trainguard.guard.detectors.spectral import local_peak, trend_fit
 
 POINTS = 512
 """Coarse points kept: the span of the long-period test is POINTS * stride rows."""

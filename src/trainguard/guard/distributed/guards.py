@@ -16,12 +16,13 @@ sends every surviving rank into a monitored barrier on the gloo monitor group th
 ranks that did not arrive within the hang timeout; each survivor writes a hang report (its
 stacks and the R301 finding) and exits with status 3 for the launcher to restart the job. A
 rank stuck outside any collective is caught by the monitored barrier at every step boundary.
-Both timeouts are derived from the step times (monitors/timeouts.py: max(floor, min(fixed
+Both timeouts are derived from the step times (guard/derived_timeouts.py: max(floor, min(fixed
 value, factor x p99))), with budgets of their own for the `checkpoint` and `eval` phases.
 
 Dead ranks: a peer whose process ended (a gloo collective fails at once when its connection
-closes) is named as dead (R302, guards/peers.py: the survivors look at their same-host peers'
-pids) before any hang diagnosis, with its signal or exit status while the kernel holds it.
+closes) is named as dead (R302, guard/distributed/peers.py: the survivors look at their
+same-host peers' pids) before any hang diagnosis, with its signal or exit status while the
+kernel holds it.
 """
 
 from __future__ import annotations
@@ -40,26 +41,26 @@ from trainguard.codes import get_code
 from trainguard.config.distributed import DistributedConfig
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
-from trainguard.guards.decision import Decision
-from trainguard.guards.group import MonitorGroup
-from trainguard.guards.hang import (
+from trainguard.guard.decision import Decision
+from trainguard.guard.detectors.straggler import PhaseTimer, StragglerMonitor
+from trainguard.guard.distributed.group import MonitorGroup
+from trainguard.guard.distributed.group_timeouts import GroupTimeouts
+from trainguard.guard.distributed.hang import (
     dead_rank_finding,
     hung_rank_finding,
     lost_peer,
     lost_peer_finding,
     missing_ranks,
 )
-from trainguard.guards.peers import Death, dead_peers
-from trainguard.guards.replica import (
+from trainguard.guard.distributed.peers import Death, dead_peers
+from trainguard.guard.distributed.replica import (
     compare_replicas,
     merge_sets,
     no_replicas_finding,
     replica_digest,
     replica_sets,
 )
-from trainguard.guards.timeouts import GroupTimeouts
-from trainguard.monitors.hang_report import SigtermStackDump, report_path, write_hang_report
-from trainguard.monitors.straggler import PhaseTimer, StragglerMonitor
+from trainguard.guard.hang_report import SigtermStackDump, report_path, write_hang_report
 
 T = TypeVar("T")
 STATE_VERSION = 1
@@ -156,11 +157,11 @@ class DistributedGuards:
 
     # -- timeouts ------------------------------------------------------------------------------
     def collective_timeout_s(self) -> float:
-        """The gradient group's timeout after warm-up (guards/timeouts.py)."""
+        """The gradient group's timeout after warm-up (guard/distributed/group_timeouts.py)."""
         return self.timeouts.collective_s()
 
     def hang_timeout_s(self) -> float:
-        """The monitored barriers' timeout (guards/timeouts.py)."""
+        """The monitored barriers' timeout (guard/distributed/group_timeouts.py)."""
         return self.timeouts.hang_s()
 
     @contextlib.contextmanager

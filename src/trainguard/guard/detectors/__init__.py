@@ -1,0 +1,1 @@
+"""Detectors: `update(step, metrics) -> list[Finding]`, one failure per module."""

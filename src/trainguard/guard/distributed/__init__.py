@@ -1,0 +1,1 @@
+"""The guards of several processes (a gloo group beside the training one)."""
