@@ -19,7 +19,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 PIP_FILTER = 2>&1 | { grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$$" || true; }
 
-.PHONY: setup setup-dev demo test lint format bench clean
+.PHONY: setup setup-dev browser demo test lint format bench clean
 
 $(BIN)/python:
 	@echo "creating $(VENV)"
@@ -49,8 +49,23 @@ demo: setup
 # and so run one after the other on one worker (`--dist loadgroup` in pyproject.toml).
 TEST_WORKERS ?= 2
 
-test: setup-dev
+test: setup-dev browser
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
+# The report's browser test (tests/test_report_browser.py) drives Debian's headless Chromium
+# through its ChromeDriver. Installed with apt where make runs as root with apt (CI); anywhere
+# else, or if apt cannot, that test is skipped and says why.
+APT_CHROMIUM = DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium and chromium-driver with apt (the report's browser test)"; \
+	    { $(APT_CHROMIUM) || { apt-get update -q && $(APT_CHROMIUM); }; } >/dev/null 2>&1 \
+	      || echo "apt could not install chromium: the browser test will be skipped"; \
+	  else \
+	    echo "no chromium: the browser test will be skipped (apt install chromium chromium-driver)"; \
+	  fi; \
+	fi
 
 lint: setup-dev
 	$(BIN)/ruff check .
