@@ -4,12 +4,12 @@ Object stores have no rename, so the commit protocol differs from the local one:
 objects are uploaded first and verified (size, and read-back checksum unless disabled), and
 only then is `manifest.json` uploaded as the commit marker. A prefix without a manifest is a
 killed upload and is never loaded. Every transfer is retried with full-jitter backoff, metered
-by a token bucket and offset by `rank * stagger_s` (`transfers.py`). The payload is staged in a local cache
-folder, which then becomes the cached copy of the latest checkpoint so a resume on the same
-machine does not download it again. Manifest names are checked (`entry_problem`) before any
-object is downloaded, and no read takes more bytes than the manifest lists. A step that failed
-verification is copied to `quarantine/` (or `attic/<label>/`) and only then removed (the
-listing, moving aside and deleting of steps: `remote_steps.py`).
+by a token bucket and offset by `rank * stagger_s` (`transfers.py`). The payload is staged in a
+local cache folder, which then becomes the cached copy of the latest checkpoint so a resume on
+the same machine does not download it again. Manifest names are checked (`entry_problem`)
+before any object is downloaded, and no read takes more bytes than the manifest lists. A step
+that failed verification is copied to `quarantine/` (or `attic/<label>/`) and only then removed
+(the listing, moving aside and deleting of steps: `remote_steps.py`).
 """
 
 from __future__ import annotations
