@@ -129,7 +129,7 @@ def register(app: typer.Typer) -> None:
         """Train a small recipe on BASE and on each variant (same steps, same seeds) and report
         each variant's effect on the use-case evals and a shared held-out set, with a CI."""
         from trainguard.ablation.plot import plot_effects
-        from trainguard.ablation.run import ablation_inputs, parse_variants, run_ablation
+        from trainguard.ablation.experiment import ablation_inputs, parse_variants, run_ablation
         from trainguard.util.atomic import check_writable
         from trainguard.util.paths import refuse_overwrite
         from trainguard.util.processes import Machine, check_local_processes

@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Random samples with flagged spans highlighted, and per-rule counts over the source."""
         from trainguard.filters.render import counts_table, render_html, rich_sample, visible
-        from trainguard.filters.run import inspect_source
+        from trainguard.filters.inspection import inspect_source
 
         if html is not None:
             refuse_overwrite({"--html": html}, {"SOURCE": source})
