@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from trainguard.ablation.experiment import run_ablation
 from trainguard.ablation.heldout import HELDOUT_METRIC
-from trainguard.ablation.run import run_ablation
 from trainguard.ablation.stats import NO_DIFFERENCE, paired_effect, sign_flip_p
 from trainguard.ablation.verdicts import compare
 from trainguard.errors import BadInputError, Interrupted

@@ -49,22 +49,59 @@ def _code(code: str, **kw) -> Code:
     return Code(code=code, **{**entry, **kw})
 
 
+def _layer_files(module: str) -> list[Path]:
+    """The files of a letter's codes: `codes/<module>.py`, or the package `codes/<module>/`."""
+    package = CODES_DIR / module
+    if package.is_dir():
+        return sorted(p for p in package.glob("*.py") if p.name != "__init__.py")
+    return [CODES_DIR / f"{module}.py"]
+
+
+def _numbers(path: Path) -> list[str]:
+    return [
+        kw.value.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Code"
+        for kw in node.keywords
+        if kw.arg == "code"
+    ]
+
+
 def test_one_module_per_layer_letter():
+    """Each letter's codes live in its module, or, past the size a reader takes in at once, in
+    its package with one file per range of numbers (docs/architecture.md, "Findings, codes,
+    errors"); nothing else lives under codes/."""
     modules = {p.stem for p in CODES_DIR.glob("*.py")} - {"__init__", "__main__"}
-    assert modules == {module for module, _ in LAYERS.values()}
-    assert not [p for p in CODES_DIR.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    packages = {p.name for p in CODES_DIR.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert modules | packages == {module for module, _ in LAYERS.values()}
+    assert not modules & packages
+    for package in packages:  # no deeper folders: one file per range
+        assert not [
+            p for p in (CODES_DIR / package).iterdir() if p.is_dir() and p.name != "__pycache__"
+        ], package
     for letter, (module, _) in LAYERS.items():
-        tree = ast.parse((CODES_DIR / f"{module}.py").read_text())
-        numbers = [
-            kw.value.value
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Code"
-            for kw in node.keywords
-            if kw.arg == "code"
-        ]
-        assert numbers, module
-        assert all(n.startswith(letter) for n in numbers), (module, numbers)
+        for path in _layer_files(module):
+            numbers = _numbers(path)
+            assert numbers, path
+            assert all(n.startswith(letter) for n in numbers), (path, numbers)
+            assert len(path.read_text().splitlines()) <= 400, f"{path}: split it by range"
     assert {c.code for c in all_codes()} == set(REGISTRY.codes)
+
+
+def test_a_layer_package_registers_every_file():
+    """A letter's package imports each of its files: a file left out would register its codes
+    only when something imported it directly (the registry would be incomplete)."""
+    for module, _ in LAYERS.values():
+        package = CODES_DIR / module
+        if not package.is_dir():
+            continue
+        imported = {
+            alias.name
+            for node in ast.walk(ast.parse((package / "__init__.py").read_text()))
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and not node.module
+            for alias in node.names
+        }
+        assert imported == {p.stem for p in _layer_files(module)}, module
 
 
 def test_every_code_is_documented():

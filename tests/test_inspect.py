@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from test_filters import CLEAN, PLANTED
 from trainguard.cli import app
+from trainguard.filters.inspection import inspect_source
 from trainguard.filters.render import render_html, segments
-from trainguard.filters.run import inspect_source
 
 runner = CliRunner()
 

@@ -2,6 +2,8 @@
 
 Serialisers do not all raise OSError: safetensors (Rust) and torch.save (C++ zip writer) wrap
 the failure in their own exception types, sometimes without an errno at all.
+`save_failure` is the store's error for a save that failed, `retention_skipped` its warning
+when the root could not be listed after a save.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import errno
 import re
 
 from trainguard.errors import StorageError
+from trainguard.findings import Finding
 
 _ERRNO_WORDS = {
     errno.ENOSPC: "the disk is full",
@@ -69,3 +72,39 @@ def failure_text(error: BaseException | None) -> str | None:
             for r, exc in sorted(failures.items())
         )
     return error.message if isinstance(error, StorageError) else describe(error)
+
+
+def save_failure(
+    step: int, action: str, exc: BaseException, location: str, remote: bool, earlier: list[int]
+) -> StorageError:
+    """The error of a save that failed at `action` ("write", "commit", ...) of step `step` at
+    `location`: what happened to the partial step, and that the newest of the `earlier` steps
+    is untouched (C106 locally, C201 on object storage)."""
+    kept = (
+        f"the previous checkpoint (step {earlier[-1]}) is untouched"
+        if earlier
+        else ("no earlier checkpoint exists")
+    )
+    code = "C201" if remote else "C106"
+    partial = (
+        "its manifest was not committed, so the partial step is never loaded"
+        if remote
+        else "the partial step was removed"
+    )
+    return StorageError(
+        f"{code}: could not {action} checkpoint step {step} at "
+        f"{location}: {describe(exc)}; {partial} and {kept}",
+        "free disk space or raise the size/quota limit, fix permissions, or point the "
+        "checkpoint root at a writable location"
+        + ("; check the endpoint, bucket and credentials" if remote else ""),
+    )
+
+
+def retention_skipped(root: str, remote: bool, exc: BaseException) -> Finding:
+    """The warning of a save whose root could not be listed afterwards: retention waits."""
+    return Finding.of(
+        "C201" if remote else "C106",
+        f"could not list {root} after the save, so retention was skipped: {describe(exc)}",
+        severity="warning",
+        where=root,
+    )

@@ -3,7 +3,8 @@
 The store knows nothing about models. The training loop passes `write(folder)`, which writes
 the payload files; the store checksums them, writes the manifest last, commits atomically
 (rename locally, manifest-last upload remotely), verifies, and applies retention. Loading
-verifies every file's size and checksum and falls back to the previous valid step on damage.
+verifies every file's size and checksum and falls back to the previous valid step on damage
+(`loading.py`); the words of a failed save are in `failures.py`.
 Nothing that failed verification is ever deleted: retention moves it to `quarantine/`.
 """
 
@@ -17,16 +18,13 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from trainguard.checkpoint.failures import describe, io_errno
-from trainguard.checkpoint.folder import read_manifest
+from trainguard.checkpoint.failures import io_errno, retention_skipped, save_failure
 from trainguard.checkpoint.fsurl import default_cache_dir
-from trainguard.checkpoint.inventory import junk_findings, none_usable
+from trainguard.checkpoint.loading import newest_valid, try_load
 from trainguard.checkpoint.local import ATTIC, LocalBackend, staged_bytes
 from trainguard.checkpoint.manifest import (
     MANIFEST,
-    UnsafeEntry,
     build_manifest,
-    parse_manifest,
     step_dirname,
 )
 from trainguard.checkpoint.remote import RemoteBackend
@@ -34,7 +32,7 @@ from trainguard.checkpoint.results import CheckpointInfo, LoadedCheckpoint, Save
 from trainguard.checkpoint.retention import apply_retention, displace
 from trainguard.checkpoint.retry import RetryPolicy, TokenBucket
 from trainguard.errors import BadInputError, CorruptError, StorageError
-from trainguard.findings import Finding, has_errors
+from trainguard.findings import Finding
 from trainguard.util.fsurl import open_filesystem
 from trainguard.util.node_cache import NodeCache
 from trainguard.util.paths import is_remote, local_path
@@ -216,25 +214,9 @@ class CheckpointStore:
         self.close()
 
     def _failure(self, step: int, action: str, exc: BaseException) -> StorageError:
-        prev = [s for s in self._safe_steps() if s != step]
-        kept = (
-            f"the previous checkpoint (step {prev[-1]}) is untouched"
-            if prev
-            else ("no earlier checkpoint exists")
-        )
-        code = "C201" if self.backend.remote else "C106"
-        partial = (
-            "its manifest was not committed, so the partial step is never loaded"
-            if self.backend.remote
-            else "the partial step was removed"
-        )
-        return StorageError(
-            f"{code}: could not {action} checkpoint step {step} at "
-            f"{self.backend.location(step)}: {describe(exc)}; {partial} and {kept}",
-            "free disk space or raise the size/quota limit, fix permissions, or point the "
-            "checkpoint root at a writable location"
-            + ("; check the endpoint, bucket and credentials" if self.backend.remote else ""),
-        )
+        earlier = [s for s in self._safe_steps() if s != step]
+        where, remote = self.backend.location(step), self.backend.remote
+        return save_failure(step, action, exc, where, remote, earlier)
 
     def _safe_steps(self) -> list[int]:
         try:
@@ -323,12 +305,7 @@ class CheckpointStore:
 
     # -- retention -----------------------------------------------------------------------------
     def _retention_skipped(self, exc: BaseException) -> Finding:
-        return Finding.of(
-            "C201" if self.backend.remote else "C106",
-            f"could not list {self.root} after the save, so retention was skipped: {describe(exc)}",
-            severity="warning",
-            where=self.root,
-        )
+        return retention_skipped(self.root, self.backend.remote, exc)
 
     def delete(self, step: int) -> None:
         """Delete one step (for example checkpoints newer than a rollback target)."""
@@ -344,22 +321,9 @@ class CheckpointStore:
         """Every finding for step `step`: manifest, then each file's size and checksum."""
         return self.backend.verify(step, full=True)
 
-    def _try_load(self, step: int) -> tuple[LoadedCheckpoint | None, list[Finding]]:
-        path, findings, from_cache = self.backend.fetch(step)
-        if has_errors(findings):
-            return None, findings
-        try:
-            raw = read_manifest(path)
-        except UnsafeEntry:
-            raw = None
-        manifest, problems = parse_manifest(raw, step, str(path))
-        if manifest is None:  # changed between verification and now
-            return None, problems
-        return LoadedCheckpoint(step, path, manifest, findings, from_cache), findings
-
     def load(self, step: int) -> LoadedCheckpoint:
         """Step `step` as a verified local folder; CorruptError if anything does not match."""
-        loaded, findings = self._try_load(step)
+        loaded, findings = try_load(self.backend, step)
         if loaded is None:
             self._rejected[step] = findings
             raise CorruptError(
@@ -382,36 +346,10 @@ class CheckpointStore:
         `last_findings` says why (C107, listing every step and its problems, when checkpoints
         exist but none can be used).
         """
-        folders = self.backend.step_folders()
-        notes = junk_findings(self.root, self.backend.ignored, self._warned)
-        # Locally a step folder is renamed into place with its manifest: one without is damage.
-        # On an object store it is an upload killed before its commit marker (C204).
-        uncommitted = [] if self.backend.remote else sorted(s for s, c in folders.items() if not c)
-        for step in uncommitted:
-            notes += self.backend.verify(step, full=False)
-        committed = sorted(s for s, c in folders.items() if c)
-        skipped: list[Finding] = []
-        for step in reversed(committed):
-            loaded, findings = self._try_load(step)
-            if loaded is not None and usable is not None:
-                problems = usable(loaded)
-                findings = findings + problems
-                if has_errors(problems):
-                    loaded = None
-            if loaded is None:
-                self._rejected[step] = findings
-                skipped += findings
-                continue
-            self._rejected.pop(step, None)  # verified now (a cache or transfer problem passed)
-            loaded.findings = notes + skipped + loaded.findings
-            self.last_findings = loaded.findings
-            return loaded
-        tried = sorted(committed + uncommitted)
-        self.last_findings = notes + skipped
-        if tried:
-            located = {s: self.backend.location(s) for s in tried}
-            self.last_findings.append(none_usable(self.root, located, notes + skipped))
-        return None
+        loaded, self.last_findings = newest_valid(
+            self.backend, self.root, self._rejected, self._warned, usable
+        )
+        return loaded
 
     # -- setting aside -------------------------------------------------------------------------
     def set_aside(self, label: str) -> list[str]:

@@ -239,6 +239,52 @@ def run_model_checks(
     return CheckReport(findings, runner.stats, time.perf_counter() - t0, details)
 
 
+def check_target(
+    target: str | None,
+    hf: str | None = None,
+    *,
+    vocab_size: int | None = None,
+    seq_len: int = 128,
+    batch_size: int = 4,
+    dtype: str | None = None,
+    lr: float = 3e-3,
+    master_weights: str = "fp32",
+    shadow_steps: int = 0,
+    seed: int = 0,
+) -> tuple[CheckReport, str, int]:
+    """`trainguard check-model`: (report, the model's label, the vocabulary size used) for a
+    model factory `target` ("file.py:factory" or "module:factory") or a Hugging Face config
+    `hf`. The dtypes and shadow settings are bad input (exit 2) before the model is built; the
+    vocabulary comes from the first nn.Embedding unless `vocab_size` is given."""
+    from trainguard.checks.hf_model import load_target
+    from trainguard.checks.model_target import infer_vocab_size
+    from trainguard.numerics.reduction import dtype_of
+
+    if dtype is not None:
+        dtype_of(dtype)
+    dtype_of(master_weights)
+    check_shadow_args(dtype, shadow_steps)
+    model, label = load_target(target, hf, seed)
+    vocab = vocab_size or infer_vocab_size(model)
+    if vocab is None:
+        raise ModelCheckInputError(
+            "cannot infer the vocabulary size: the model has no nn.Embedding",
+            "give --vocab-size V",
+        )
+    report = run_model_checks(
+        model,
+        vocab,
+        seq_len,
+        batch_size=batch_size,
+        dtype=dtype,
+        seed=seed,
+        lr=lr,
+        master_weights=master_weights,
+        shadow_steps=shadow_steps,
+    )
+    return report, label, vocab
+
+
 def run_recipe_checks(
     model: nn.Module, recipe: Recipe, vocab_size: int, batch_size: int = 4
 ) -> CheckReport:

@@ -172,3 +172,39 @@ def labels_prepared(ids: list[Any], folder: Path, seq_len: int) -> list[str]:
 def order_check(labels: list[str], window: int | None = None) -> tuple[list[Finding], dict]:
     """D301/D302 and the statistics for an order's source labels."""
     return shuffle_quality(labels, window=window)
+
+
+def check_order(
+    order: str,
+    count: int = 20000,
+    window: int | None = None,
+    sources: Path | None = None,
+    prepared: Path | None = None,
+    seq_len: int | None = None,
+) -> tuple[list[Finding], dict]:
+    """`trainguard data order-check`: (findings, stats) of the first `count` samples of
+    `order`, their sources from the order itself, from `sources` (a labels file) or from a
+    `prepared` folder read at `seq_len`. Bad options are bad input (exit 2) before any read."""
+    if count < 2:
+        raise BadInputError(f"--count {count} must be at least 2", "use the default 20000")
+    if window is not None and window < 2:
+        raise BadInputError(f"--window {window} must be at least 2", "or omit it")
+    if sources is not None and prepared is not None:
+        raise BadInputError("--sources and --prepared both name the sources", "give one of them")
+    if prepared is not None and (seq_len is None or seq_len < 1):
+        raise BadInputError(
+            "--prepared needs --seq-len", "pass the recipe's data.seq_len, e.g. --seq-len 128"
+        )
+    ids, labels = read_order(order, count)
+    if labels is None:
+        if sources is not None:
+            labels = labels_file(ids, sources)
+        elif prepared is not None:
+            labels = labels_prepared(ids, prepared, int(seq_len or 0))
+        else:
+            raise BadInputError(
+                f"the samples of {order!r} carry no source",
+                "pass --sources (line i: the source of sample i) or --prepared DIR "
+                "--seq-len N, or give ID<TAB>SOURCE lines / (id, source) pairs",
+            )
+    return order_check(labels, window)

@@ -66,35 +66,21 @@ def register(app: typer.Typer) -> None:
         map, batch independence, train/serve consistency, MoE token drops."""
         import torch
 
-        from trainguard.checks._model_runner import ModelCheckInputError
-        from trainguard.checks.hf_model import load_target
-        from trainguard.checks.model_checks import check_shadow_args, run_model_checks
-        from trainguard.checks.model_target import infer_vocab_size
-        from trainguard.numerics.reduction import dtype_of
+        from trainguard.checks.model_checks import check_target
 
         if threads is not None:
             torch.set_num_threads(threads)
-        if dtype is not None:
-            dtype_of(dtype)
-        dtype_of(master_weights)
-        check_shadow_args(dtype, shadow_steps)
-        model, label = load_target(target, hf, seed)
-        vocab = vocab_size or infer_vocab_size(model)
-        if vocab is None:
-            raise ModelCheckInputError(
-                "cannot infer the vocabulary size: the model has no nn.Embedding",
-                "give --vocab-size V",
-            )
-        report = run_model_checks(
-            model,
-            vocab,
-            seq_len,
+        report, label, vocab = check_target(
+            target,
+            hf,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
             batch_size=batch_size,
             dtype=dtype,
-            seed=seed,
             lr=lr,
             master_weights=master_weights,
             shadow_steps=shadow_steps,
+            seed=seed,
         )
         if not as_json:
             for name, s in report.stats.items():

@@ -16,7 +16,7 @@ import typer
 
 from trainguard.cli.common import console, emit
 from trainguard.config.schema import SEED_MAX
-from trainguard.errors import BadInputError, ExitStatus
+from trainguard.errors import ExitStatus
 
 
 def register(app: typer.Typer) -> None:
@@ -70,81 +70,51 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Bias (slope against float64) and noise of a low-precision gradient reduction; with
         --shadow-steps, whether the precision error grows like a bias or like noise."""
-        from trainguard.checks.precision_reduction import (
-            check_reduction,
-            reduction_findings,
-            scale_verdict,
+        from trainguard.checks.precision_check import (
+            check_precision,
+            check_sizes,
+            collective_sizes,
         )
-        from trainguard.checks.precision_shadow import check_shadow
         from trainguard.train.launch import under_launcher
 
-        sizes = sorted({*(nproc or ()), *((2, 4) if collective else ())})
         in_job = under_launcher() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-        if in_job and sizes:
-            raise BadInputError(
-                "--nproc (or --collective) given inside a torchrun job: the ranks of the job "
-                "are the collective measured",
-                "drop --nproc and --collective under torchrun (its --nproc-per-node decides)",
-            )
-        if sizes:
-            from trainguard.checks.precision_collective import check_process_count
-            from trainguard.util.processes import check_local_processes
-
-            for n in sizes:  # bad input before any work; the sizes run one after the other
-                if n >= 2:
-                    asked = f"--nproc {n}" if n in (nproc or ()) else f"--collective ({n} ranks)"
-                    check_local_processes(
-                        n,
-                        asked,
-                        lambda fits: (
-                            f"measure at most {fits} processes here (--nproc "
-                            f"{max(fits, 2)}), and more under torchrun across machines (every rank "
-                            "joins, rank 0 reports)"
-                        ),
-                        oversubscribe,
-                    )
-                check_process_count(n)
-        findings, audit = check_reduction(dtype, world_size, algorithm, elements, seed)
-        extra: dict = {"reduction": audit.to_dict()}
-        measured: list = []
-        if in_job:
-            from trainguard.checks.precision_collective import measure_in_job
-
-            rank, measured = measure_in_job(dtype, elements, seed)
-            if rank != 0:
-                raise typer.Exit(ExitStatus.OK)  # rank 0 speaks for the job
-            sizes = [measured[0].world_size]
-        elif sizes:
-            from trainguard.checks.precision_collective import measure_collective
-
-            for n in sizes:
-                measured += measure_collective(n, dtype, elements, seed)
-        if sizes:
-            for a in measured:
-                findings += reduction_findings(a)
-            extra["collective"] = [a.to_dict() for a in measured]
-            extra["collective_scale"] = [scale_verdict(n, audit, elements, seed) for n in sizes]
-        if shadow_steps and dtype != "fp32":
-            f_shadow, shadow = check_shadow(dtype, shadow_steps, seed=seed)
-            findings += f_shadow
-            extra["shadow"] = shadow
+        sizes = collective_sizes(nproc, collective, in_job)
+        check_sizes(sizes, nproc, oversubscribe)
+        result = check_precision(
+            dtype,
+            world_size,
+            algorithm,
+            elements,
+            seed,
+            sizes=sizes,
+            in_job=in_job,
+            shadow_steps=shadow_steps,
+        )
+        if result is None:
+            raise typer.Exit(ExitStatus.OK)  # rank 0 speaks for the job
+        findings, extra = result
         if not as_json:
-            console.print(
-                f"{dtype} {algorithm} reduction over {world_size} ranks: slope "
-                f"{audit.slope:.6f} (bias {audit.bias:.2e}), noise {audit.noise:.2e}",
-                markup=False,
-            )
-            for a in extra.get("collective", []):
-                console.print(
-                    f"{a['source']} world {a['world_size']} {a['algorithm']}: bias "
-                    f"{a['bias']:.2e}, noise {a['noise']:.2e}",
-                    markup=False,
-                )
-            for v in extra.get("collective_scale", []):
-                console.print(f"world {v['world_size']}: {v['verdict']}", markup=False)
-            for name, s in extra.get("shadow", {}).items():
-                console.print(
-                    f"shadow run ({name} rounding): error grows like steps^{s['exponent']:.2f}",
-                    markup=False,
-                )
+            _print_precision(dtype, algorithm, world_size, extra)
         emit(findings, as_json, extra=extra, title="check-precision")
+
+
+def _print_precision(dtype: str, algorithm: str, world_size: int, extra: dict) -> None:
+    audit = extra["reduction"]
+    console.print(
+        f"{dtype} {algorithm} reduction over {world_size} ranks: slope "
+        f"{audit['slope']:.6f} (bias {audit['bias']:.2e}), noise {audit['noise']:.2e}",
+        markup=False,
+    )
+    for a in extra.get("collective", []):
+        console.print(
+            f"{a['source']} world {a['world_size']} {a['algorithm']}: bias "
+            f"{a['bias']:.2e}, noise {a['noise']:.2e}",
+            markup=False,
+        )
+    for v in extra.get("collective_scale", []):
+        console.print(f"world {v['world_size']}: {v['verdict']}", markup=False)
+    for name, s in extra.get("shadow", {}).items():
+        console.print(
+            f"shadow run ({name} rounding): error grows like steps^{s['exponent']:.2f}",
+            markup=False,
+        )

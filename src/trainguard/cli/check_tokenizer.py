@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from trainguard.cli.common import console, emit
 from trainguard.data.corpus import ACCEPTED
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from trainguard.checkpoint.results import LoadedCheckpoint
-    from trainguard.findings import Finding
 
 
 def register(app: typer.Typer) -> None:
@@ -54,83 +47,24 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Audit a tokenizer: vocabulary round trip, unseen tokens, whitespace merges, text
         round trip, end-of-text handling; with --checkpoint, under-trained tokens."""
-        from trainguard.checks.tokenizer_audit import audit_tokenizer, load_tokenizer_file
-        from trainguard.checks.undertrained import undertrained_tokens
-        from trainguard.data.corpus import iter_documents
+        from trainguard.checks.tokenizer_check import check_tokenizer
 
-        tok = load_tokenizer_file(tokenizer)
-        texts = None
-        if corpus is not None:
-            texts = [d.text for d in islice(iter_documents(corpus, text_field), max_docs)]
-        counts = packed = None
-        if prepared is not None:
-            from trainguard.checks.data_preflight import token_counts
-            from trainguard.data.prepare import PreparedData
-
-            data = PreparedData.from_dir(prepared)
-            counts = token_counts(data.train, tok.get_vocab_size(with_added_tokens=True))
-            packed = data.train.tokens(0, min(int(data.train.n_tokens), 1 << 20))
-        audit = audit_tokenizer(
-            tok,
-            texts,
-            eot_token=eot,
+        findings, extra = check_tokenizer(
+            tokenizer,
+            corpus,
+            text_field=text_field,
             max_docs=max_docs,
-            token_counts=counts,
-            packed_sample=packed,
+            eot=eot,
+            checkpoint=checkpoint,
+            embedding_key=embedding_key,
+            prepared=prepared,
             expect_bos=expect_bos,
-            bos_token=bos,
+            bos=bos,
         )
-        findings, extra = audit.findings, {"stats": audit.stats}
-        if checkpoint is not None:
-            found, weights = _checkpoint_embedding(checkpoint, embedding_key)
-            findings = findings + found
-            if weights is not None:
-                (weight, key), source = weights
-                refs = sorted(set(audit.unreachable_ids) | set(audit.unseen_ids))
-                f_under, s_under = undertrained_tokens(weight, tok, reference_ids=refs)
-                findings = findings + f_under
-                extra["undertrained"] = {"embedding_key": key, "checkpoint": source, **s_under}
         if not as_json:
             console.print(
-                ", ".join(f"{k}={v}" for k, v in audit.stats.items()), soft_wrap=True, markup=False
+                ", ".join(f"{k}={v}" for k, v in extra["stats"].items()),
+                soft_wrap=True,
+                markup=False,
             )
         emit(findings, as_json, extra=extra, title="check-tokenizer")
-
-
-def _checkpoint_embedding(
-    path: Path, key: str | None
-) -> tuple[list[Finding], tuple[tuple[np.ndarray, str], str] | None]:
-    """(findings, ((weight, key), source) or None) for --checkpoint.
-
-    A trainguard checkpoint (a step folder, a file inside one, or a run dir) goes through the
-    verified loader: a damaged one is a finding, a run dir falls back to the previous valid
-    checkpoint. Any other safetensors file (a model from elsewhere) is read as it is.
-    """
-    from trainguard.checkpoint.folder import RefusedFile, listed_path
-    from trainguard.checkpoint.inventory import load_error_words, unloadable
-    from trainguard.checkpoint.target import is_checkpoint_folder, open_checkpoint
-    from trainguard.checks.undertrained import UnreadableWeights, load_embedding
-
-    folder = path.parent if path.is_file() else path
-    run_dir = path.is_dir() and (
-        (path / "checkpoints").is_dir() or (path / "recipe.yaml").is_file()
-    )
-    if not (is_checkpoint_folder(folder) or run_dir):
-        return [], (load_embedding(path, key), str(path))
-    got: dict[str, tuple[np.ndarray, str]] = {}
-
-    def usable(loaded: LoadedCheckpoint) -> list[Finding]:
-        file = path.name if path.is_file() else "model.safetensors"
-        listed = ""
-        try:  # only a file the manifest lists, never through a link (checkpoint/folder.py)
-            with listed_path(loaded.path, file, loaded.manifest["files"]) as listed:
-                got["weights"] = load_embedding(listed, key)
-        except (UnreadableWeights, RefusedFile) as e:
-            why = load_error_words(e).replace(listed or "\0", str(loaded.path / file))
-            return [unloadable(loaded.step, loaded.path, file, why)]
-        return []
-
-    loaded, findings = open_checkpoint(folder if path.is_file() else path, usable)
-    if loaded is None:
-        return findings, None
-    return findings, (got["weights"], str(loaded.path))

@@ -128,27 +128,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train a small recipe on BASE and on each variant (same steps, same seeds) and report
         each variant's effect on the use-case evals and a shared held-out set, with a CI."""
-        from trainguard.ablation.plot import plot_effects
-        from trainguard.ablation.run import ablation_inputs, parse_variants, run_ablation
-        from trainguard.util.atomic import check_writable
-        from trainguard.util.paths import refuse_overwrite
-        from trainguard.util.processes import Machine, check_local_processes
+        from trainguard.ablation.experiment import ablate
 
-        variants = parse_variants(variant)
-        runs = (len(variants) + 1) * seeds
-        if jobs is None:
-            jobs = min(runs, Machine.here().fits())
-        check_local_processes(
-            jobs, f"--jobs {jobs}", lambda n: f"pass --jobs {n}", oversubscribe=oversubscribe
-        )
-        plot = plot or out / "effects.png"
-        # Both outputs before any work (run_ablation checks --out again for callers of the API).
-        inputs = ablation_inputs(base, variants, recipe, evals)
-        refuse_overwrite({"--out": out, "--plot": plot}, inputs, replaced_folders=["--out"])
-        check_writable(plot)
-        report, findings = run_ablation(
+        report, findings = ablate(
             base,
-            variants,
+            variant,
             recipe,
             evals,
             out,
@@ -157,10 +141,9 @@ def register(app: typer.Typer) -> None:
             jobs=jobs,
             overrides=overrides or [],
             heldout_max=heldout_max,
+            plot=plot,
+            oversubscribe=oversubscribe,
         )
-        report["jobs"] = jobs
-        if any(v["effects"] for v in report["variants"].values()):
-            report["plot"] = str(plot_effects(report["variants"], plot))
         if not as_json:
             _table(report)
         emit(findings, as_json, extra=report, title="Data ablation")

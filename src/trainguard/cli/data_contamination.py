@@ -26,6 +26,34 @@ def _specs(evals: list[str]) -> list[str]:
     return out
 
 
+def check_options(
+    val_fraction: float,
+    ngram: int,
+    containment: float,
+    edit_containment: float,
+    max_examples: int | None,
+) -> None:
+    """Bad input (exit 2) before any data is read: each option outside its range, named."""
+    if not 0.0 <= val_fraction < 0.5:
+        raise BadInputError(
+            f"--val-fraction {val_fraction} is outside [0, 0.5)",
+            "give the recipe's data.val_fraction (0.05 by default), or 0",
+        )
+    if ngram < 1:
+        raise BadInputError(f"--ngram {ngram} must be at least 1", "use 13 (GPT-3's n)")
+    if not 0.0 < containment <= 1.0:
+        raise BadInputError(
+            f"--containment {containment} is outside (0, 1]", "use 0.8, the default"
+        )
+    if not 0.0 < edit_containment <= 1.0:
+        raise BadInputError(
+            f"--edit-containment {edit_containment} is outside (0, 1]",
+            "use 0.35, the default",
+        )
+    if max_examples is not None and max_examples < 1:
+        raise BadInputError(f"--max-examples {max_examples} must be at least 1", "or omit it")
+
+
 def register(app: typer.Typer) -> None:
     data = group(app, "data")
 
@@ -81,24 +109,7 @@ def register(app: typer.Typer) -> None:
         training data."""
         from trainguard.evals.contamination import check_contamination
 
-        if not 0.0 <= val_fraction < 0.5:
-            raise BadInputError(
-                f"--val-fraction {val_fraction} is outside [0, 0.5)",
-                "give the recipe's data.val_fraction (0.05 by default), or 0",
-            )
-        if ngram < 1:
-            raise BadInputError(f"--ngram {ngram} must be at least 1", "use 13 (GPT-3's n)")
-        if not 0.0 < containment <= 1.0:
-            raise BadInputError(
-                f"--containment {containment} is outside (0, 1]", "use 0.8, the default"
-            )
-        if not 0.0 < edit_containment <= 1.0:
-            raise BadInputError(
-                f"--edit-containment {edit_containment} is outside (0, 1]",
-                "use 0.35, the default",
-            )
-        if max_examples is not None and max_examples < 1:
-            raise BadInputError(f"--max-examples {max_examples} must be at least 1", "or omit it")
+        check_options(val_fraction, ngram, containment, edit_containment, max_examples)
         report = check_contamination(
             _specs(evals),
             train,

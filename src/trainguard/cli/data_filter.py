@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
                 source, out, text_field, config, disabled, master=spark_master
             )
         else:
-            from trainguard.filters.run import filter_source
+            from trainguard.filters.filtering import filter_source
 
             summary = filter_source(
                 source, out, text_field=text_field, config=config, disabled=disabled

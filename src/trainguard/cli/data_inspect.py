@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +14,9 @@ from trainguard.config.schema import SEED_MAX
 from trainguard.data.corpus import ACCEPTED
 from trainguard.util.atomic import atomic_write_text, check_writable
 from trainguard.util.paths import refuse_overwrite
+
+if TYPE_CHECKING:
+    from trainguard.filters.inspection import Inspection
 
 
 def register(app: typer.Typer) -> None:
@@ -40,43 +43,73 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Random samples with flagged spans highlighted, and per-rule counts over the source."""
-        from trainguard.filters.render import counts_table, render_html, rich_sample, visible
-        from trainguard.filters.run import inspect_source
-
-        if html is not None:
-            refuse_overwrite({"--html": html}, {"SOURCE": source})
-            check_writable(html)  # before reading the whole source
-        insp = inspect_source(
+        insp, extra = inspect(
             source,
             n=n,
             seed=seed,
+            html=html,
             text_field=text_field,
-            config=filter_config(None, None),
-            disabled=check_disabled(disable or []),
+            disable=disable or [],
             only_flagged=only_flagged,
         )
-        if html is not None:
-            atomic_write_text(html, render_html(insp, source))
         if not as_json:
-            for s in insp.samples:
-                title = f"#{s.index} {visible(s.record.id)}"
-                console.print(rich_sample(title, s.record.text, s.flags, max_chars))
-            console.print(counts_table(insp))
-            if html is not None:
-                console.print(f"HTML written to {html}")
-        extra = {
-            "total": insp.total,
-            "flagged": insp.flagged,
-            "by_code": insp.by_code,
-            "html": str(html) if html else None,
-            "samples": [
-                {
-                    "index": s.index,
-                    "id": visible(s.record.id),
-                    "flags": [f.to_dict() for f in s.flags],
-                }
-                for s in insp.samples
-            ],
-        }
+            _print_inspection(insp, max_chars, html)
         # Inspection reports; it does not judge: no findings, exit 0.
         emit([], as_json, extra=extra, title="data inspect")
+
+
+def inspect(
+    source: str,
+    *,
+    n: int = 20,
+    seed: int = 0,
+    html: Path | None = None,
+    text_field: str = "text",
+    disable: list[str] | None = None,
+    only_flagged: bool = False,
+) -> tuple[Inspection, dict[str, Any]]:
+    """`trainguard data inspect`: (the sample and counts, the JSON's fields), with the HTML page
+    written to `html` (refused before the source is read when it cannot be written)."""
+    from trainguard.filters.inspection import inspect_source
+    from trainguard.filters.render import render_html, visible
+
+    if html is not None:
+        refuse_overwrite({"--html": html}, {"SOURCE": source})
+        check_writable(html)  # before reading the whole source
+    insp = inspect_source(
+        source,
+        n=n,
+        seed=seed,
+        text_field=text_field,
+        config=filter_config(None, None),
+        disabled=check_disabled(disable or []),
+        only_flagged=only_flagged,
+    )
+    if html is not None:
+        atomic_write_text(html, render_html(insp, source))
+    extra = {
+        "total": insp.total,
+        "flagged": insp.flagged,
+        "by_code": insp.by_code,
+        "html": str(html) if html else None,
+        "samples": [
+            {
+                "index": s.index,
+                "id": visible(s.record.id),
+                "flags": [f.to_dict() for f in s.flags],
+            }
+            for s in insp.samples
+        ],
+    }
+    return insp, extra
+
+
+def _print_inspection(insp: Inspection, max_chars: int, html: Path | None) -> None:
+    from trainguard.filters.render import counts_table, rich_sample, visible
+
+    for s in insp.samples:
+        title = f"#{s.index} {visible(s.record.id)}"
+        console.print(rich_sample(title, s.record.text, s.flags, max_chars))
+    console.print(counts_table(insp))
+    if html is not None:
+        console.print(f"HTML written to {html}")

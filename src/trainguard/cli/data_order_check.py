@@ -9,7 +9,6 @@ import typer
 
 from trainguard.cli._groups import group
 from trainguard.cli.common import console, emit
-from trainguard.errors import BadInputError
 
 
 def register(app: typer.Typer) -> None:
@@ -43,38 +42,9 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Check a loader's order before training: does it mix sources like a random order?"""
-        from trainguard.checks.order_check import (
-            labels_file,
-            labels_prepared,
-            order_check,
-            read_order,
-        )
+        from trainguard.checks.order_check import check_order
 
-        if count < 2:
-            raise BadInputError(f"--count {count} must be at least 2", "use the default 20000")
-        if window is not None and window < 2:
-            raise BadInputError(f"--window {window} must be at least 2", "or omit it")
-        if sources is not None and prepared is not None:
-            raise BadInputError(
-                "--sources and --prepared both name the sources", "give one of them"
-            )
-        if prepared is not None and (seq_len is None or seq_len < 1):
-            raise BadInputError(
-                "--prepared needs --seq-len", "pass the recipe's data.seq_len, e.g. --seq-len 128"
-            )
-        ids, labels = read_order(order, count)
-        if labels is None:
-            if sources is not None:
-                labels = labels_file(ids, sources)
-            elif prepared is not None:
-                labels = labels_prepared(ids, prepared, int(seq_len or 0))
-            else:
-                raise BadInputError(
-                    f"the samples of {order!r} carry no source",
-                    "pass --sources (line i: the source of sample i) or --prepared DIR "
-                    "--seq-len N, or give ID<TAB>SOURCE lines / (id, source) pairs",
-                )
-        findings, stats = order_check(labels, window)
+        findings, stats = check_order(order, count, window, sources, prepared, seq_len)
         if not as_json:
             ratio = stats.get("mean_chi2_ratio")
             console.print(

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +14,9 @@ from trainguard.cli.data_dedup import Engine
 from trainguard.config.schema import DataConfig, TokenizerConfig
 from trainguard.data.corpus import ACCEPTED
 from trainguard.util.paths import refuse_overwrite
+
+if TYPE_CHECKING:
+    from trainguard.data.prepare import PreparedData
 
 
 def register(app: typer.Typer) -> None:
@@ -55,43 +58,19 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     ) -> None:
         """Clean, tokenize and shard a corpus into --out with its manifest (cached by content)."""
-        from trainguard.config.load import validate_recipe
-        from trainguard.data.prepare import prepare_data
-
-        refuse_overwrite({"--out": out}, {"SOURCE": source})
-        # Validate through the recipe schema so bad values get the usual key-naming messages.
-        recipe = validate_recipe(
-            {
-                "data": {
-                    "source": source,
-                    "text_field": text_field,
-                    "seq_len": seq_len,
-                    "val_fraction": val_fraction,
-                    "shard_tokens": shard_tokens,
-                    "cache_dir": str(out),
-                },
-                "tokenizer": {"vocab_size": vocab_size, "min_frequency": min_frequency},
-            },
-            origin="data prepare options",
-        )
-        prepared = prepare_data(
-            recipe.data,
-            recipe.tokenizer,
-            progress=progress,
+        prepared, extra = prepare(
+            source,
+            out,
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            seq_len=seq_len,
+            text_field=text_field,
+            val_fraction=val_fraction,
+            shard_tokens=shard_tokens,
             engine=engine.value,
             spark_master=spark_master,
+            progress=progress,
         )
-        extra = {
-            "dir": str(prepared.dir),
-            "reused": prepared.reused,
-            "tokenizer_path": str(prepared.tokenizer_path),
-            "vocab_size": prepared.vocab_size,
-            "eot_id": prepared.eot_id,
-            "train_tokens": int(prepared.train.n_tokens),
-            "val_tokens": int(prepared.val.n_tokens),
-            "train_samples": int(prepared.train.num_samples(seq_len)),
-            "stats": prepared.stats.to_dict(),
-        }
         if not as_json:
             state = "reused" if prepared.reused else "prepared"
             console.print(
@@ -99,3 +78,60 @@ def register(app: typer.Typer) -> None:
                 f"{extra['val_tokens']} val tokens, vocabulary {prepared.vocab_size}"
             )
         emit(prepared.findings(seq_len), as_json, extra=extra, title="data prepare")
+
+
+def prepare(
+    source: str,
+    out: Path,
+    *,
+    vocab_size: int,
+    min_frequency: int,
+    seq_len: int,
+    text_field: str = "text",
+    val_fraction: float,
+    shard_tokens: int,
+    engine: str = "local",
+    spark_master: str | None = None,
+    progress: bool = False,
+) -> tuple[PreparedData, dict[str, Any]]:
+    """`trainguard data prepare`: (the prepared data, the JSON's fields). The options are
+    validated through the recipe schema (the usual key-naming messages); --out may not be or
+    hold SOURCE."""
+    from trainguard.config.load import validate_recipe
+    from trainguard.data.prepare import prepare_data
+
+    refuse_overwrite({"--out": out}, {"SOURCE": source})
+    # Validate through the recipe schema so bad values get the usual key-naming messages.
+    recipe = validate_recipe(
+        {
+            "data": {
+                "source": source,
+                "text_field": text_field,
+                "seq_len": seq_len,
+                "val_fraction": val_fraction,
+                "shard_tokens": shard_tokens,
+                "cache_dir": str(out),
+            },
+            "tokenizer": {"vocab_size": vocab_size, "min_frequency": min_frequency},
+        },
+        origin="data prepare options",
+    )
+    prepared = prepare_data(
+        recipe.data,
+        recipe.tokenizer,
+        progress=progress,
+        engine=engine,
+        spark_master=spark_master,
+    )
+    extra = {
+        "dir": str(prepared.dir),
+        "reused": prepared.reused,
+        "tokenizer_path": str(prepared.tokenizer_path),
+        "vocab_size": prepared.vocab_size,
+        "eot_id": prepared.eot_id,
+        "train_tokens": int(prepared.train.n_tokens),
+        "val_tokens": int(prepared.val.n_tokens),
+        "train_samples": int(prepared.train.num_samples(seq_len)),
+        "stats": prepared.stats.to_dict(),
+    }
+    return prepared, extra

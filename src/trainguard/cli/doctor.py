@@ -161,6 +161,45 @@ def _as_rank(recipe: Any, plan: Any, rounds: list, as_json: bool) -> None:
     _report(payload, report.findings, as_json)
 
 
+def prepare_doctor(
+    recipe: str,
+    overrides: list[str] | None,
+    nproc: int | None,
+    quick: bool,
+    inject: list[str],
+    repeat: int,
+    *,
+    oversubscribe: bool = False,
+) -> tuple[Any, Any, list]:
+    """(the recipe, the doctor's plan, the rounds) for `trainguard doctor`: bad input (a
+    recipe, --nproc, --inject, a checkpoint URL without its fsspec backend) is exit 2 before
+    any process starts."""
+    from trainguard.config.load import load_recipe
+    from trainguard.doctor import parse_rounds, plan_for
+    from trainguard.train.distributed import env_world_size
+
+    resolved = load_recipe(recipe, overrides)
+    if nproc is not None:
+        from trainguard.train.launch import launch_argv
+        from trainguard.util.processes import check_local_processes
+
+        launch_argv(nproc, [])  # --nproc 0: bad input before anything else
+        check_local_processes(
+            nproc,
+            f"--nproc {nproc}",
+            lambda n: (
+                f"use --nproc {n} or fewer (more ranks: run the doctor under torchrun "
+                "across machines)"
+            ),
+            oversubscribe,
+        )
+    world = nproc if nproc is not None else env_world_size()
+    rounds = parse_rounds(inject * repeat if inject else ["none"] * repeat, world)
+    plan = plan_for(resolved, quick)
+    _check_storage_url(plan)
+    return resolved, plan, rounds
+
+
 def register(app: typer.Typer) -> None:
     @app.command("doctor")
     def doctor_command(
@@ -214,30 +253,10 @@ def register(app: typer.Typer) -> None:
         """Every rank tests itself against known answers (compute, memory, collectives,
         storage, environment, GPU health) and rank 0 names the ranks that are wrong, slow or
         missing. Exit 0 healthy, 1 a rank is bad (hung included), 2 bad input."""
-        from trainguard.config.load import load_recipe
-        from trainguard.doctor import parse_rounds, plan_for
-        from trainguard.train.distributed import env_world_size
-
-        resolved = load_recipe(recipe, overrides)
-        if nproc is not None:
-            from trainguard.train.launch import launch_argv
-            from trainguard.util.processes import check_local_processes
-
-            launch_argv(nproc, [])  # --nproc 0: bad input before anything else
-            check_local_processes(
-                nproc,
-                f"--nproc {nproc}",
-                lambda n: (
-                    f"use --nproc {n} or fewer (more ranks: run the doctor under torchrun "
-                    "across machines)"
-                ),
-                oversubscribe,
-            )
-        world = nproc if nproc is not None else env_world_size()
         values = list(inject or [])
-        rounds = parse_rounds(values * repeat if values else ["none"] * repeat, world)
-        plan = plan_for(resolved, quick)
-        _check_storage_url(plan)
+        resolved, plan, rounds = prepare_doctor(
+            recipe, overrides, nproc, quick, values, repeat, oversubscribe=oversubscribe
+        )
         if nproc is not None:
             _launch(
                 nproc, _worker_args(recipe, list(overrides or []), quick, values, repeat), as_json

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -14,6 +14,9 @@ from trainguard.errors import BadInputError
 from trainguard.scaling import MAX_BOOT
 from trainguard.util.atomic import check_writable
 from trainguard.util.paths import refuse_overwrite
+
+if TYPE_CHECKING:
+    from trainguard.scaling.fit import FitResult
 
 
 def _parse_point(text: str) -> tuple[float, float]:
@@ -81,41 +84,62 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Fit L(N, D) = E + A/N^alpha + B/D^beta (Chinchilla approach 3) with bootstrap bands."""
-        from trainguard.scaling.fit import fit_scaling_law
-        from trainguard.scaling.grid import read_runs_csv
-
-        points = [_parse_point(p) for p in predict or []]
-        if band is not None and len(points) != 1:
-            raise BadInputError(
-                "--band needs exactly one --predict N,D (the big run's size and budget)",
-                "give one --predict with --band",
-            )
-        refuse_overwrite({"--band": band, "--plot": plot}, {"RUNS": runs})
-        n, d, loss = read_runs_csv(runs)
-        for out in (band, plot):
-            if out is not None:
-                check_writable(out)  # before the bootstrap, which takes the time
-        result = fit_scaling_law(n, d, loss, n_boot=boot, seed=seed)
-        preds = result.predictions(points, level)
-        extra = {"fit": result.law.to_dict(), "predictions": preds}
-        if plot is not None:
-            from trainguard.scaling.plot import plot_fit
-
-            extra["plot"] = str(plot_fit(result, n, d, loss, plot, preds))
-        if band is not None:
-            from trainguard.scaling.offtrack import PredictionBand
-
-            pb = PredictionBand.from_fit(result, points[0][0], points[0][1], level=level)
-            extra["band"] = str(pb.save(band))
+        result, extra = fit_runs(runs, predict or [], boot, level, seed, plot=plot, band=band)
         if not as_json:
-            law = result.law
-            console.print(
-                f"L(N, D) = {law.E:.4g} + {law.A:.4g} / N^{law.alpha:.4f} + "
-                f"{law.B:.4g} / D^{law.beta:.4f}   ({result.n_runs} runs)"
-            )
-            for p in preds:
-                console.print(
-                    f"N={p['params']:.3g} D={p['tokens']:.3g}: loss {p['loss']:.4f} "
-                    f"[{p['low']:.4f}, {p['high']:.4f}]"
-                )
+            _print_fit(result, extra["predictions"])
         emit(result.findings, as_json, extra=extra, title="Scaling fit")
+
+
+def fit_runs(
+    runs: Path,
+    predict: list[str],
+    boot: int = 200,
+    level: float = 0.95,
+    seed: int = 0,
+    *,
+    plot: Path | None = None,
+    band: Path | None = None,
+) -> tuple[FitResult, dict[str, Any]]:
+    """`trainguard scale fit`: (the fit, the JSON's fields) of the runs CSV, with predictions
+    at each `N,D` of `predict`, the plot and the prediction band (one `--predict` point)
+    written where asked; both outputs are checked before the bootstrap."""
+    from trainguard.scaling.fit import fit_scaling_law
+    from trainguard.scaling.grid import read_runs_csv
+
+    points = [_parse_point(p) for p in predict]
+    if band is not None and len(points) != 1:
+        raise BadInputError(
+            "--band needs exactly one --predict N,D (the big run's size and budget)",
+            "give one --predict with --band",
+        )
+    refuse_overwrite({"--band": band, "--plot": plot}, {"RUNS": runs})
+    n, d, loss = read_runs_csv(runs)
+    for out in (band, plot):
+        if out is not None:
+            check_writable(out)  # before the bootstrap, which takes the time
+    result = fit_scaling_law(n, d, loss, n_boot=boot, seed=seed)
+    preds = result.predictions(points, level)
+    extra = {"fit": result.law.to_dict(), "predictions": preds}
+    if plot is not None:
+        from trainguard.scaling.plot import plot_fit
+
+        extra["plot"] = str(plot_fit(result, n, d, loss, plot, preds))
+    if band is not None:
+        from trainguard.scaling.offtrack import PredictionBand
+
+        pb = PredictionBand.from_fit(result, points[0][0], points[0][1], level=level)
+        extra["band"] = str(pb.save(band))
+    return result, extra
+
+
+def _print_fit(result: FitResult, preds: list[dict[str, Any]]) -> None:
+    law = result.law
+    console.print(
+        f"L(N, D) = {law.E:.4g} + {law.A:.4g} / N^{law.alpha:.4f} + "
+        f"{law.B:.4g} / D^{law.beta:.4f}   ({result.n_runs} runs)"
+    )
+    for p in preds:
+        console.print(
+            f"N={p['params']:.3g} D={p['tokens']:.3g}: loss {p['loss']:.4f} "
+            f"[{p['low']:.4f}, {p['high']:.4f}]"
+        )

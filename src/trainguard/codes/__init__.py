@@ -22,8 +22,9 @@ Checkpointer, C150-C159 resume), C2xx object storage;
 D1xx corpus and shards, D2xx dedup, filters (D210-D249) and contamination (D250-D259), D3xx
 shuffle quality; T1xx tokenizer; E1xx evaluation and scaling.
 
-A letter's module that grows past about 500 lines becomes a package `codes/<module>/` with one
-file per range; `LAYERS` still names one module per letter.
+A letter's module that would grow past 400 lines becomes a package `codes/<module>/` with one
+file per range, its `__init__` importing each (`codes/run/`, `codes/data/`); `LAYERS` still
+names one module per letter.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class CodeRegistry:
             renamed = f" (renamed from {code})" if target != code else ""
             raise KeyError(
                 f"unknown finding code {target!r}{renamed}; register it in "
-                f"trainguard/codes/{LAYERS.get(target[:1], ('<letter>',))[0]}.py"
+                f"trainguard.codes.{LAYERS.get(target[:1], ('<letter>',))[0]}"
             ) from None
 
     def all(self) -> list[Code]:

@@ -1,7 +1,7 @@
 """Heuristic quality filters with stable codes (D210-D299), one module per rule family.
 
 `apply_rules(text)` returns the flagged spans of every rule; a document with no flags is kept.
-Thresholds default to Gopher's (Rae et al. 2021); see `FilterConfig` and codes/data.py.
+Thresholds default to Gopher's (Rae et al. 2021); see `FilterConfig` and codes/data/filters.py.
 """
 
 from trainguard.filters.base import Doc, FilterConfig, Flag

@@ -16,7 +16,7 @@ _WORD = re.compile(r"\S+")
 
 @dataclass(frozen=True)
 class Flag:
-    """One objection of one rule: `code` (D210-D299, codes/data.py), `[start, end)` in the text."""
+    """One objection of one rule: `code` (D210-D299, codes/data/), `[start, end)` in the text."""
 
     code: str
     start: int

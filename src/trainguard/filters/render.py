@@ -15,8 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from trainguard.filters.base import Flag
+from trainguard.filters.inspection import Inspection
 from trainguard.filters.registry import RULES
-from trainguard.filters.run import Inspection
 
 # One colour per rule family: length/ratios, repetition, encoding, references.
 _FAMILY_RICH = {"D21": "black on yellow", "D22": "black on magenta", "D23": "white on red"}

@@ -24,9 +24,9 @@ from typing import Any
 from trainguard.data.corpus import iter_part_records, source_bytes, source_kind, source_parts
 from trainguard.data.parts import part_bytes
 from trainguard.filters.base import FilterConfig
+from trainguard.filters.filtering import FilterSummary, filter_into
 from trainguard.filters.records import RecordWriter, output_paths, parquet_schemas
 from trainguard.filters.registry import select_rules
-from trainguard.filters.run import FilterSummary, filter_into
 from trainguard.util.atomic import check_writable, make_temp_dir
 from trainguard.util.spark import executor_errors, get_spark
 

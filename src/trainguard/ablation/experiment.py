@@ -203,6 +203,60 @@ def run_ablation(
     return report, findings + more
 
 
+def ablate(
+    base: str,
+    variant_items: list[str],
+    recipe: str,
+    evals: list[str],
+    out: Path,
+    *,
+    runner: Runner,
+    seeds: int = 3,
+    jobs: int | None = None,
+    overrides: list[str] | None = None,
+    heldout_max: int = 200,
+    plot: Path | None = None,
+    oversubscribe: bool = False,
+) -> tuple[dict[str, Any], list[Finding]]:
+    """`trainguard data ablate`: `run_ablation` for the variants as the command line gives
+    them (`NAME=DATA` items), `jobs` runs at once (default: as many as the machine holds),
+    and the effects plotted to `plot` (default OUT/effects.png). Both outputs are refused
+    before any work when they would overwrite an input or cannot be written."""
+    from trainguard.ablation.plot import plot_effects
+    from trainguard.util.atomic import check_writable
+    from trainguard.util.paths import refuse_overwrite
+    from trainguard.util.processes import Machine, check_local_processes
+
+    variants = parse_variants(variant_items)
+    runs = (len(variants) + 1) * seeds
+    if jobs is None:
+        jobs = min(runs, Machine.here().fits())
+    check_local_processes(
+        jobs, f"--jobs {jobs}", lambda n: f"pass --jobs {n}", oversubscribe=oversubscribe
+    )
+    plot = plot or out / "effects.png"
+    # Both outputs before any work (run_ablation checks --out again for callers of the API).
+    inputs = ablation_inputs(base, variants, recipe, evals)
+    refuse_overwrite({"--out": out, "--plot": plot}, inputs, replaced_folders=["--out"])
+    check_writable(plot)
+    report, findings = run_ablation(
+        base,
+        variants,
+        recipe,
+        evals,
+        out,
+        runner=runner,
+        seeds=seeds,
+        jobs=jobs,
+        overrides=overrides or [],
+        heldout_max=heldout_max,
+    )
+    report["jobs"] = jobs
+    if any(v["effects"] for v in report["variants"].values()):
+        report["plot"] = str(plot_effects(report["variants"], plot))
+    return report, findings
+
+
 def _prepare(
     base: str,
     variants: dict[str, str],

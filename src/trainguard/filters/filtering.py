@@ -1,8 +1,9 @@
-"""Run the rules over a whole source: filter it to files, or sample it for inspection."""
+"""Run the rules over a whole source and filter it to files (`data filter`): the kept records,
+the rejected ones with their reasons, and the counts. Sampling for `data inspect` is
+`inspection.py`."""
 
 from __future__ import annotations
 
-import random
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard.data.corpus import Record, iter_records, source_kind
-from trainguard.filters.base import FilterConfig, Flag
+from trainguard.filters.base import FilterConfig
 from trainguard.filters.records import REJECT_FIELDS, RecordWriter, output_paths, parquet_schemas
 from trainguard.filters.registry import Rule, apply_rules, reasons, select_rules
 from trainguard.findings import Finding
@@ -111,55 +112,3 @@ def filter_into(
             }
         )
     return total
-
-
-@dataclass
-class Sample:
-    """A sampled document and the flags the rules raise on it."""
-
-    index: int
-    record: Record
-    flags: list[Flag]
-
-
-@dataclass
-class Inspection:
-    total: int
-    flagged: int
-    by_code: dict[str, int]
-    samples: list[Sample]
-
-
-def inspect_source(
-    source: str | Path,
-    n: int = 20,
-    seed: int = 0,
-    text_field: str = "text",
-    config: FilterConfig | None = None,
-    disabled: Iterable[str] = (),
-    only_flagged: bool = False,
-) -> Inspection:
-    """Per-code document counts over the whole source, and `n` documents drawn uniformly at
-    random (reservoir sampling, so one pass and O(n) memory; the same seed gives the same draw)."""
-    rules = select_rules(disabled)
-    rng = random.Random(seed)
-    by_code: Counter[str] = Counter()
-    reservoir: list[Sample] = []
-    total = flagged = seen = 0
-    for i, rec in enumerate(iter_records(source, text_field)):
-        total += 1
-        flags = apply_rules(rec.text, config, rules)
-        if flags:
-            flagged += 1
-            by_code.update({f.code for f in flags})
-        elif only_flagged:
-            continue
-        seen += 1
-        if len(reservoir) < n:
-            reservoir.append(Sample(i, rec, flags))
-        else:
-            j = rng.randrange(seen)
-            if j < n:
-                reservoir[j] = Sample(i, rec, flags)
-    reservoir.sort(key=lambda s: s.index)
-    return Inspection(total, flagged, dict(sorted(by_code.items())), reservoir)
