@@ -74,8 +74,7 @@ from trainguard.data.sampler import ElasticSampler
 from trainguard.errors import BadInputError, ConfigError, CorruptError
 from trainguard.guard.core import Guard, grad_norm_of
 from trainguard.guard.decision import Decision
-from trainguard.guard.device import PendingStep
-from trainguard.guard.masked_step import MaskedUpdate
+from trainguard.guard.judgement import Judgement
 from trainguard.integrations.hf_callback import TrainguardCallback
 from trainguard.integrations.hf_checkpoints import (
     PREFIX,
@@ -86,6 +85,7 @@ from trainguard.integrations.hf_checkpoints import (
     verified_best,
 )
 from trainguard.integrations.hf_loss import SkippedLoss
+from trainguard.integrations.step_inputs import StepInputs
 from trainguard.integrations.verified import quarantine_folder, verify_folder
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ class GuardedTrainerMixin:
     optimizer: Any
     accelerator: Any
     train_dataset: Any
+    model_wrapped: Any
 
     def __init__(
         self,
@@ -129,7 +130,13 @@ class GuardedTrainerMixin:
         self.checkpoint_findings: list[Any] = []  # checkpoints passed over on resume/rollback
         self.stop_decision: Decision | None = None  # the rollback or halt that stopped train()
         self._step_loss: Any = None
-        self._masked: tuple[PendingStep, MaskedUpdate] | None = None  # the device path's
+        self._judgement: Judgement | None = None  # the step whose update the Trainer does now
+        # Each step's micro-batches, replayed when the guard asks for a rerun (R205/R206).
+        self._inputs = StepInputs(
+            self._micro_step,
+            no_sync=lambda: self.accelerator.no_sync(self.model_wrapped),
+            grad_norm=self._unscaled_norm,
+        )
         self._skip_loss = SkippedLoss()
         # {"count", "steps", "train_loss_average", "train_loss_with_skipped"} after train()
         self.skipped_updates: dict[str, Any] | None = None
@@ -175,6 +182,7 @@ class GuardedTrainerMixin:
     # --- the guarded step ---------------------------------------------------------------------
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
         step = self.state.global_step  # updates done before this one
+        self._inputs.record(step, model, inputs, num_items_in_batch)  # for a rerun (R205/R206)
         with self.guard.phase("forward", step):  # a failed all-reduce names the hung rank
             loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
         # Each micro-batch's loss is already divided by the accumulation: the sum is the step's.
@@ -183,45 +191,52 @@ class GuardedTrainerMixin:
             self._judge(model, step)
         return loss
 
+    def _micro_step(self, model: Any, inputs: Any, num_items_in_batch: Any) -> Any:
+        """One micro-batch's forward and backward as the Trainer does it (a rerun's)."""
+        return super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+
+    def _unscaled_norm(self) -> Any:
+        """The gradient norm before the Trainer clips; under fp16's GradScaler unscaled."""
+        norm = grad_norm_of(self.model_wrapped)
+        scaler = getattr(self.accelerator, "scaler", None)
+        if scaler is not None and scaler.is_enabled():
+            norm /= float(scaler.get_scale())
+        return norm
+
     def _judge(self, model: Any, step: int) -> None:
+        """`Guard.judge` before the Trainer clips (the unclipped norm) and steps: on the host,
+        or on the device with the Trainer's own `optimizer.step()` masked (`on_step_end` ends
+        the mask); the decision known now is settled (a rerun on the same micro-batches)."""
         loss, self._step_loss = self._step_loss, None
         scaler = getattr(self.accelerator, "scaler", None)
-        scaled = scaler is not None and scaler.is_enabled()
-        # fp16's GradScaler sets the optimizer's found_inf itself: the host path then.
-        if not scaled and self.guard.on_device(self.args.device):
-            self._judge_on_device(model, step, loss)
-        else:
-            norm = grad_norm_of(model)  # before the Trainer clips
-            if scaled:  # fp16: the gradients are still scaled
-                norm /= float(scaler.get_scale())
-            decision = self.guard.step(step, loss=loss, grad_norm=norm, optimizer=self.optimizer)
-            self._stop_on(decision)
+        scaled = scaler is not None and scaler.is_enabled()  # fp16: sets found_inf itself
+        host = scaled or not self.guard.on_device(self.args.device)
+        norm = self._unscaled_norm() if host else None  # the device path: a device tensor
+        j = self.guard.judge(
+            step, loss=loss, grad_norm=norm, model=model, optimizer=self.optimizer, on_host=host
+        )
+        self._settle_decision(j)
+        j.begin_update(self.optimizer)
+        self._judgement = j
         if self.guard.distributed is not None:
             self.guard.distributed.mark("optimizer")
 
-    def _judge_on_device(self, model: Any, step: int, loss: Any) -> None:
-        """`Guard.step_async`: this step judged on the device and its update masked there (the
-        Trainer's own `optimizer.step()` comes next; `on_step_end` ends the mask), the previous
-        step's decision acted on."""
-        pending = self.guard.step_async(step, loss=loss, model=model)  # the unclipped norm
-        if pending.resolved is not None:
-            self._stop_on(pending.resolved)
-        if pending.dropped:  # the previous step stops the run: no update for this one
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self._masked = (pending, MaskedUpdate(self.optimizer, pending.ok))
+    def _settle_decision(self, what: Any) -> None:
+        """`Guard.settle` with the rerun of a step on its recorded micro-batches; a rollback or
+        halt stops the Trainer (`train()` acts on it once the Trainer has returned)."""
+        done = self.guard.settle(what, rerun=self._inputs.rerun, defer=True)
+        if done.stop and self.stop_decision is None:
+            self.stop_decision = done.decision
+            self.control.should_training_stop = True
 
     def _settle(self, flush: bool) -> None:
-        """After the Trainer's optimizer step: end the mask; with `flush`, read the step's
-        decision back now (before a save, an evaluation or the end)."""
-        if self._masked is not None:
-            pending, mask = self._masked
-            self._masked = None
-            pending.repair = mask.end()
+        """After the Trainer's optimizer step: end the mask; with `flush`, read the pending
+        step's decision back now (before a save, an evaluation or the end) and settle it."""
+        if self._judgement is not None:
+            self._judgement.end_update()
+            self._judgement = None
         if flush:
-            decision = self.guard.flush()
-            if decision is not None and self.stop_decision is None:
-                self._stop_on(decision)
+            self._settle_decision(self.guard.flush())
 
     def _mark_between_steps(self, control: Any) -> None:
         """After a step: the straggler timer pauses while the Trainer evaluates or saves (only
@@ -231,11 +246,6 @@ class GuardedTrainerMixin:
             return
         due = "checkpoint" if control.should_save else "eval" if control.should_evaluate else None
         self.guard.distributed.mark(due or "data")
-
-    def _stop_on(self, decision: Decision) -> None:
-        if decision.action in ("rollback", "halt"):
-            self.stop_decision = decision
-            self.control.should_training_stop = True
 
     # --- saves and the end of training: nothing deleted or loaded unverified -----------------
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
@@ -330,7 +340,8 @@ class GuardedTrainerMixin:
         state = {"guard": self.guard, "sampler": sampler}
         resume = self._resume_folder(resume_from_checkpoint, state)
         while True:
-            self.stop_decision, self._step_loss, self._masked = None, None, None
+            self.stop_decision, self._step_loss, self._judgement = None, None, None
+            self._inputs.clear()
             self._skip_loss = SkippedLoss(len(self.guard.history))  # this call's steps only
             output = super().train(resume_from_checkpoint=resume, **kwargs)  # type: ignore[misc]
             stop = self.stop_decision
