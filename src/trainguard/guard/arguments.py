@@ -102,6 +102,14 @@ def device_of(*values: Any, model: Any = None) -> Any:
     return "cpu"
 
 
+def sharded(*values: Any, model: Any = None) -> bool:
+    """A DTensor among the metrics or the model's parameters (FSDP2, tensor parallel): such a
+    step is judged on the host, where its norm is a full (replicated) value; the device path
+    masks plain tensors only."""
+    params = model.parameters() if model is not None else ()
+    return any(hasattr(v, "full_tensor") for v in (*values, next(iter(params), None)))
+
+
 def state_arg(state: Any) -> Mapping[str, Any]:
     """`Guard.load_state_dict(state)`: a mapping, as `Guard.state_dict()` returns."""
     if not isinstance(state, Mapping):

@@ -17,14 +17,12 @@
 - `settle`: acts on a decision in one place (guard/settle.py): the rerun that tells hardware
   (R205) from data (R206), the rollback (`Guard.rollback`), the halt (RunHalted).
 
-The parts stay public: `step` is the host path's judgement (a Decision), `step_async` the
-device path's, `flush` reads the pending step back now, `end_step` is `after_update` without
-the read-back. Steps count from 0 like the sampler's and the checkpointer's. Findings go to
-`run_dir/guard.jsonl` and to the sinks (`tensorboard_dir=`, `sinks=[...]`); `close()` at the
-end. The action per finding code is configurable (`actions={"R102": "apply"}`,
-guard/policy.py). `distributed=True` adds the multi-process guards (the metrics are averaged
-over the ranks so every rank decides alike; `phase(name, step)` times phases and names a hung
-rank).
+The parts stay public: `step` (the host path's judgement, a Decision), `step_async` (the
+device path's), `flush` (the pending step read back now), `end_step` (`after_update` without the
+read-back). Steps count from 0. Findings go to `run_dir/guard.jsonl` and the sinks
+(`tensorboard_dir=`, `sinks=`); actions per code: `actions={"R102": "apply"}` (policy.py).
+`distributed=True` adds the multi-process guards (metrics averaged over the ranks; `phase(name,
+step)` times phases and names a hung rank).
 """
 
 from __future__ import annotations
@@ -38,7 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.errors import ConfigError
 from trainguard.findings import Finding
-from trainguard.guard.arguments import actions_arg, device_of, guards_config, metric_float
+from trainguard.guard.arguments import (
+    actions_arg,
+    device_of,
+    guards_config,
+    metric_float,
+    sharded,
+)
 from trainguard.guard.clock import StepClock
 from trainguard.guard.config import ACTIONS, Action, GuardsConfig
 from trainguard.guard.decision import Decision
@@ -46,7 +50,7 @@ from trainguard.guard.detectors.loader import LoaderStallDetector
 from trainguard.guard.detectors.moe import MoEHealthDetector, RouterStats, router_summary
 from trainguard.guard.detectors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
 from trainguard.guard.judgement import Judgement, Settled
-from trainguard.guard.policy import DEFAULT_ACTIONS, decide
+from trainguard.guard.policy import DEFAULT_ACTIONS, decide, decides_on_device
 from trainguard.guard.rerun import classify_rerun
 from trainguard.guard.rollback import rollback
 from trainguard.guard.settle import Rerun, merged, settle
@@ -133,12 +137,14 @@ class Guard:
         on_host: bool = False,
         **metrics: Any,
     ) -> Judgement:
-        """Judge step `step` before its update, on the host or the device (`on_device`;
-        `on_host=True` forces the host, e.g. under fp16's GradScaler). `metrics`: as `step`
-        takes them. Without `grad_norm`: the norm of `model`'s gradients (give the pre-clip
-        norm). Then `settle(judgement, ...)` and `judgement.optimizer_step(optimizer)`."""
+        """Judge step `step` before its update, on the host or the device (`on_device`; the
+        host with `on_host=True`, e.g. under fp16's GradScaler, or for DTensor (sharded)
+        models). `metrics`: as `step` takes them. Without `grad_norm`: the norm of `model`'s
+        gradients (give the pre-clip norm). Then `settle(judgement, ...)` and
+        `judgement.optimizer_step(optimizer)`."""
         self.last_model = model
-        if not on_host and self.on_device(device_of(loss, grad_norm, model=model)):
+        device = device_of(loss, grad_norm, model=model)
+        if not on_host and self.on_device(device) and not sharded(loss, grad_norm, model=model):
             return self.step_async(step, loss=loss, grad_norm=grad_norm, model=model, **metrics)
         decision = self.step(
             step, loss=loss, grad_norm=grad_norm, model=model, optimizer=optimizer, **metrics
@@ -280,17 +286,8 @@ class Guard:
         return flush(self)
 
     def on_device(self, device: Any) -> bool:
-        """Whether a loop on `device` should call `step_async` (`config.decide_on`): always
-        with "device", on CUDA with "auto" unless the ranks must agree on the metrics through
-        the host (then `step`), never with "host" or a disabled guard."""
-        c = self.config
-        if not c.enabled or c.decide_on == "host":
-            return False
-        if c.decide_on == "device":
-            return True
-        part = self.distributed
-        agrees = part is not None and part.active and part.agree_metrics
-        return getattr(device, "type", str(device)) == "cuda" and not agrees
+        """Whether a step on `device` is judged on the device (`decide_on`, policy.py)."""
+        return decides_on_device(self, device)
 
     def _refuse_if_pending(self, what: str) -> None:
         if self._pending is not None:

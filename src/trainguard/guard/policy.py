@@ -39,6 +39,20 @@ class PolicyState(Protocol):
     pending_rollback: Decision | None
 
 
+def decides_on_device(guard: Any, device: Any) -> bool:
+    """Whether a loop on `device` judges on the device (`config.decide_on`): always with
+    "device", on CUDA with "auto" unless the ranks must agree on the metrics through the host,
+    never with "host" or a disabled guard."""
+    c = guard.config
+    if not c.enabled or c.decide_on == "host":
+        return False
+    if c.decide_on == "device":
+        return True
+    part = guard.distributed
+    agrees = part is not None and part.active and part.agree_metrics
+    return getattr(device, "type", str(device)) == "cuda" and not agrees
+
+
 def strongest(actions: dict[str, Action], found: list[Finding]) -> Action:
     action: Action = "apply"
     for f in found:

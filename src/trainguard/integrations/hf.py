@@ -45,21 +45,20 @@ Trainer's own resume skips the first N steps' batches. Under torchrun/accelerate
 default guard is `Guard(distributed=True)`: the step's metrics are averaged over the ranks so
 every rank decides alike, phases are timed (stragglers, H202; the Trainer's saves and
 evaluations are left out: only rank 0 writes the checkpoint), replicas are compared before each
-save (H201), and a hung rank is named (R301). DeepSpeed and FSDP keep gradients elsewhere and
-are not supported.
+save (H201), and a hung rank is named (R301). FSDP2 through accelerate is judged on the host
+with the whole model's gradient norm; DeepSpeed, FSDP1 and other untested parallelisms are
+refused when the trainer is built (`hf_parallel.py`).
 
-On CUDA (`GuardsConfig.decide_on`, "auto"), one process, no fp16 GradScaler: the step is judged
-with `Guard.step_async`, no host sync: the skip is decided on the device and the Trainer's own
-`optimizer.step()` is masked there (`guard.masked_step.MaskedUpdate`: fused AdamW through
-`found_inf`, other optimizers by a snapshot selected back); the decision is read back with the
-next step, or before a save, an evaluation or the end. A rollback or halt decided a step late
-stops the Trainer before the next update, as above.
+On CUDA (`decide_on` "auto"), one process, no fp16 GradScaler: `Guard.judge` decides on the
+device with no host sync and masks the Trainer's own `optimizer.step()` there; the decision is
+read back with the next step, or before a save, an evaluation or the end. A refused step is
+rerun when the guard asks (R205 hardware / R206 data): its micro-batches and RNG state are kept
+(`step_inputs.py`) and replayed through the Trainer's own `training_step`.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 try:
@@ -71,22 +70,21 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from trainguard.data.sampler import ElasticSampler
-from trainguard.errors import BadInputError, ConfigError, CorruptError
+from trainguard.errors import ConfigError
 from trainguard.guard.core import Guard, grad_norm_of
 from trainguard.guard.decision import Decision
 from trainguard.guard.judgement import Judgement
 from trainguard.integrations.hf_callback import TrainguardCallback
 from trainguard.integrations.hf_checkpoints import (
-    PREFIX,
     TrainerCheckpoints,
-    load_state_file,
-    parse_checkpoint_dirname,
+    resume_folder,
     rotate_verified,
     verified_best,
 )
 from trainguard.integrations.hf_loss import SkippedLoss
+from trainguard.integrations.hf_parallel import check_parallelism
 from trainguard.integrations.step_inputs import StepInputs
-from trainguard.integrations.verified import quarantine_folder, verify_folder
+from trainguard.integrations.verified import quarantine_folder
 
 log = logging.getLogger(__name__)
 __all__ = ["GuardedTrainer", "GuardedTrainerMixin", "TrainguardCallback"]
@@ -123,6 +121,7 @@ class GuardedTrainerMixin:
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        check_parallelism(self)  # DeepSpeed, FSDP1, ...: refused before any step
         self.guard = guard if guard is not None else _default_guard(self.args)
         self.check_chat = check_chat
         self.chat_findings: list[Any] = []
@@ -338,7 +337,7 @@ class GuardedTrainerMixin:
                 chat_preflight(self, options)  # sets self.chat_findings
         sampler = self._sampler()
         state = {"guard": self.guard, "sampler": sampler}
-        resume = self._resume_folder(resume_from_checkpoint, state)
+        resume = resume_folder(self, resume_from_checkpoint, state)  # verified first
         while True:
             self.stop_decision, self._step_loss, self._judgement = None, None, None
             self._inputs.clear()
@@ -353,45 +352,6 @@ class GuardedTrainerMixin:
             self.checkpoint_findings += checkpoints.last_findings
             resume = str(checkpoints.folder)
             log.warning("trainguard: rolled back from step %s to %s", stop.step, resume)
-
-    def _resume_folder(self, resume: str | bool | None, state: dict[str, Any]) -> str | None:
-        if resume is None or resume is False:
-            return None
-        if resume is True:
-            checkpoints = TrainerCheckpoints(self)
-            step = checkpoints.load_latest(state)
-            self._report(checkpoints.last_findings)
-            if step is None and not checkpoints.last_findings:
-                raise BadInputError(
-                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no {PREFIX}N "
-                    "folder",
-                    "pass resume_from_checkpoint=None to start training from scratch",
-                )
-            if step is None:
-                raise CorruptError(
-                    f"C107: no {PREFIX}N folder under {self.args.output_dir} verifies "
-                    f"({len(checkpoints.last_findings)} findings; rejected folders are in "
-                    "quarantine/)",
-                    "restore a checkpoint from a copy, or train from scratch with "
-                    "resume_from_checkpoint=None in a new output_dir",
-                )
-            return str(checkpoints.folder)
-        folder = Path(resume)
-        step = parse_checkpoint_dirname(folder.name)
-        if step is None:
-            raise BadInputError(
-                f"{folder} is not a {PREFIX}N folder",
-                "pass a checkpoint folder the Trainer saved, or True for the newest that verifies",
-            )
-        problems = verify_folder(folder, step)
-        if problems:
-            self._report(problems)
-            raise CorruptError(
-                f"{folder} fails verification: " + "; ".join(f.message for f in problems),
-                "resume_from_checkpoint=True takes the newest checkpoint that verifies",
-            )
-        load_state_file(folder, state)
-        return str(folder)
 
     def _report(self, findings: list[Any]) -> None:
         self.checkpoint_findings += findings
