@@ -174,13 +174,14 @@ def train(
 
 
 def first_runs(seen: list[tuple]) -> tuple[list[tuple], list[int]]:
-    """The computations of each step without the guard's reruns (the same step on the same
-    samples again, right after the first), and the steps that were rerun (R205/R206)."""
+    """The computations of each step without the guard's reruns (the same samples again, right
+    after the first, or after the next step's on the device path), and the steps rerun."""
     kept: list[tuple] = []
     reruns: list[int] = []
     for entry in seen:
-        if kept and tuple(kept[-1][:2]) == tuple(entry[:2]):
-            reruns.append(entry[0])
+        again = [k for k in kept[-2:] if list(k[1]) == list(entry[1])]
+        if again:
+            reruns.append(again[-1][0])
         else:
             kept.append(entry)
     return kept, reruns

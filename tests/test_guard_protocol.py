@@ -147,3 +147,15 @@ def test_settle_without_a_checkpoint_halts_with_the_one_text(tmp_path: Path) -> 
     with pytest.raises(RunHalted, match="no valid checkpoint to return to") as e:
         train(tmp_path, "host", poisoned=poisoned, repeat_count=2, rerun_on=[], every=100)
     assert "rollback at step 2" in e.value.message
+
+
+def test_settle_refuses_what_it_cannot_act_on(tmp_path: Path) -> None:
+    from trainguard.errors import ConfigError
+
+    guard = Guard(run_dir=tmp_path)
+    with pytest.raises(ConfigError, match="guard.judge, after_update or flush"):
+        guard.settle("apply")
+    judged = guard.judge(0, loss=1.0, grad_norm=1.0)
+    with pytest.raises(ConfigError, match="rerun=...\\) must be a function"):
+        guard.settle(judged, rerun=3)
+    assert guard.settle(judged).action == "apply"

@@ -41,6 +41,17 @@ def settle(
     sampler: Any = None,
     defer: bool = False,
 ) -> Settled:
+    if not isinstance(what, Judgement | Decision | None):
+        raise ConfigError(
+            f"guard.settle(...) takes what guard.judge, after_update or flush returned, got "
+            f"{type(what).__name__}",
+            "pass the Judgement of this step, or the Decision of after_update / flush",
+        )
+    if rerun is not None and not callable(rerun):
+        raise ConfigError(
+            f"guard.settle(rerun=...) must be a function of the step, got {type(rerun).__name__}",
+            "pass rerun=lambda step: forward_backward(step), returning (loss, grad_norm)",
+        )
     decision = what.known if isinstance(what, Judgement) else what
     if decision is None:
         return Settled()
