@@ -476,3 +476,26 @@ def test_a_rerun_tells_a_transient_fault_from_bad_data(tmp_path: Path, decide_on
     count = [batches.count(run.callback.sampler.batch_ids(s).tolist()) for s in (4, 5, 12)]
     assert count == [1, 2, 2]
     assert all(p.isfinite().all() for p in run.params)
+
+
+def test_strategies_the_guard_cannot_judge_are_refused() -> None:
+    """Checked in the callback's `setup`, before any step. FSDP and DeepSpeed cannot be built
+    on this CPU machine by a Trainer: the strategy objects themselves are checked."""
+    from lightning.pytorch.strategies import (
+        DDPStrategy,
+        DeepSpeedStrategy,
+        FSDPStrategy,
+        ModelParallelStrategy,
+        SingleDeviceStrategy,
+    )
+
+    from trainguard.integrations.lightning import check_strategy
+
+    check_strategy(SingleDeviceStrategy("cpu"))
+    check_strategy(DDPStrategy())
+    deepspeed = object.__new__(DeepSpeedStrategy)  # its __init__ needs deepspeed installed
+    for strategy, why in ((deepspeed, "DeepSpeed"), (FSDPStrategy(), "FSDP"),
+                          (ModelParallelStrategy(), "untested")):  # fmt: skip
+        with pytest.raises(ConfigError, match=why) as e:
+            check_strategy(strategy)
+        assert "ddp" in e.value.fix

@@ -28,7 +28,9 @@ the restored step (Lightning cannot fast-forward a plain DataLoader). Under DDP 
 `rank=trainer.global_rank, world_size=trainer.world_size` and pass
 `Trainer(use_distributed_sampler=False)`; `Guard(distributed=True)` adds the replica, straggler
 and hung-rank guards (build it before `fit`: the callback connects it to the process group
-Lightning sets up in `fit`). Automatic optimization only.
+Lightning sets up in `fit`). Automatic optimization only; one device or DDP (DeepSpeed, FSDP and
+other strategies are refused in `setup`, `check_strategy`). A refused step is rerun on its own
+micro-batches when the guard asks (R205 hardware / R206 data; `step_inputs.py`).
 
 On CUDA (`GuardsConfig.decide_on`, "auto"; not with fp16's GradScaler or metrics averaged over
 ranks): `Guard.step_async`, no host sync: the skip is decided on the device and Lightning's
@@ -44,6 +46,12 @@ from typing import Any
 
 try:
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+    from lightning.pytorch.strategies import (
+        DDPStrategy,
+        DeepSpeedStrategy,
+        FSDPStrategy,
+        SingleDeviceStrategy,
+    )
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "trainguard.integrations.lightning needs Lightning: pip install 'trainguard[lightning]'"
@@ -108,6 +116,7 @@ class TrainguardLightningCallback(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
+        check_strategy(trainer.strategy)  # DeepSpeed, FSDP1, ...: refused before any step
         if self.sampler.world_size != trainer.world_size:
             raise ConfigError(
                 f"the ElasticSampler slices for {self.sampler.world_size} ranks, the Trainer "
@@ -260,6 +269,25 @@ class TrainguardLightningCallback(Callback):
         else:
             _LoadedState(state_dict, step).load_latest(state)
         self.sampler.set_step(step)  # the resumed iterator starts at the restored step
+
+
+def check_strategy(strategy: Any) -> None:
+    """ConfigError for a strategy the guard cannot judge (checked in `setup`, before any step):
+    DeepSpeed keeps the gradients in its engine and steps the optimizer itself; FSDP (version
+    1) holds flat local shards whose norm is one rank's; the rest is untested. Guarded: one
+    device, DDP."""
+    why = None
+    if isinstance(strategy, DeepSpeedStrategy):
+        why = "DeepSpeed keeps the gradients inside its engine and steps the optimizer itself"
+    elif isinstance(strategy, FSDPStrategy):
+        why = "FSDP (version 1) holds flat local shards: the gradient norm would be one rank's"
+    elif not isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
+        why = f"the strategy {type(strategy).__name__} is untested with the guard"
+    if why is not None:
+        raise ConfigError(
+            f"TrainguardLightningCallback cannot guard this run: {why}",
+            "train on one device or with strategy='ddp', or without the callback (unguarded)",
+        )
 
 
 class VerifiedModelCheckpoint(ModelCheckpoint):
