@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.guard.rerun import StepRng
+
+
+def _shallow(x: Any) -> Any:
+    """A batch's container copied (a loss function that pops a key from its inputs must find it
+    again); its tensors, and anything else (the model), shared."""
+    return copy.copy(x) if isinstance(x, Mapping | list) else x
 
 
 @dataclass
@@ -43,8 +49,7 @@ class StepInputs:
         if step not in self.steps:
             self.steps = {s: v for s, v in self.steps.items() if s == step - 1}
             self.steps[step] = _Step(StepRng())
-        # A shallow copy: a loss function that pops a key from its inputs must find it again.
-        self.steps[step].micro.append(tuple(copy.copy(a) for a in args))
+        self.steps[step].micro.append(tuple(_shallow(a) for a in args))
 
     def clear(self) -> None:
         self.steps = {}
@@ -58,6 +63,6 @@ class StepInputs:
                 last = i == len(rec.micro) - 1
                 hold = self.no_sync is not None and not last
                 with self.no_sync() if hold else contextlib.nullcontext():
-                    loss = self.compute(*(copy.copy(a) for a in args)).detach()
+                    loss = self.compute(*(_shallow(a) for a in args)).detach()
                 total = loss if total is None else total + loss
         return total, self.grad_norm() if self.grad_norm is not None else None
