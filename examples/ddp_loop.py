@@ -11,9 +11,9 @@
   any number of processes: it resumes from the newest checkpoint that verifies and reads the
   same global batches (the weights match an uninterrupted run bitwise on the same world size).
 - `Guard(distributed=True)`: judges every update before it is applied (skip a NaN or spiking
-  one, roll back on a storm of them, halt after `max_rollbacks`), compares the replicas before
-  each checkpoint, names stragglers, hung ranks
-  (R301) and dead ones (R302, with the signal).
+  one and rerun it on its batch: hardware R205 or data R206; roll back on a storm of them, halt
+  after `max_rollbacks`), compares the replicas before each checkpoint, names stragglers, hung
+  ranks (R301) and dead ones (R302, with the signal).
 
 Rank 0 logs every step's global batch hash to OUT/steps.jsonl and the final weights (and their
 hash) to OUT/model.safetensors; the guard's findings go to OUT/guard.jsonl.
@@ -72,55 +72,63 @@ def main() -> None:
     checkpointer = trainguard.Checkpointer(args.out / "checkpoints", keep=3)
     log = StepLog(args.out / "steps.jsonl", rank)
 
-    step = checkpointer.load_latest(state) or 0  # every rank; restores `state` in place
-    sampler.set_step(step)  # the next iterator starts at this step's global batch
-    batches = iter(loader)
-    while step < args.max_steps:
-        faults.at_step(step, rank)
-        lr = lr_at(step, args.max_steps)
-        loss, read = torch.zeros((), device=device), []  # read: this rank's sample ids
-        for micro in range(sampler.accum_steps):
-            last = micro == sampler.accum_steps - 1
-            with guard.phase("data", step):
-                ids, x, y = next(batches)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            read.append(ids)
-            with guard.phase("forward", step), bf16:
-                model.require_backward_grad_sync = last  # all-reduce once, after the last one
+    def forward_backward(s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step s's loss and pre-clip gradient norm over its micro-batches (`held[s]`); the
+        guard calls it again to rerun a step it refused (R205 hardware / R206 data)."""
+        loss = torch.zeros((), device=device)
+        for micro, (x, y) in enumerate(held[s]):
+            with guard.phase("forward", s), bf16:
+                model.require_backward_grad_sync = micro == len(held[s]) - 1  # all-reduce once
                 logits = model(x)
                 micro_loss = F.cross_entropy(logits.view(-1, VOCAB).float(), y.view(-1))
                 micro_loss = micro_loss / sampler.accum_steps
-            with guard.phase("backward", step):
+            with guard.phase("backward", s):
                 micro_loss.backward()
             loss += micro_loss.detach()  # stays on the device: no sync per micro-batch
-        # The guard judges the norm before clipping (a 1000x spike clips to an ordinary 1.0).
-        grad_norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
+        # The norm before clipping: a 1000x spike clips to an ordinary 1.0.
+        return loss, torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
+
+    def settled(what) -> int | None:  # a rerun, a rollback (the step to go on from), a halt
+        done = guard.settle(
+            what, rerun=forward_backward, checkpointer=checkpointer, state=state, sampler=sampler
+        )
+        return done.rolled_back_to
+
+    step = checkpointer.load_latest(state) or 0  # every rank; restores `state` in place
+    sampler.set_step(step)  # the next iterator starts at this step's global batch
+    batches, held = iter(loader), {}
+    while step < args.max_steps:
+        faults.at_step(step, rank)
+        held = {step - 1: held[step - 1]} if step - 1 in held else {}  # kept for a rerun
+        held[step], read = [], []  # this step's micro-batches; rank 0's sample ids
+        for _ in range(sampler.accum_steps):
+            with guard.phase("data", step):
+                ids, x, y = next(batches)
+                held[step].append(
+                    (x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+                )
+            read.append(ids)
+        loss, grad_norm = forward_backward(step)
         # Host sync: the guard reads the loss and the norm and averages them over the ranks
         # (a small gloo all-gather), so every rank takes the same decision.
-        decision = guard.step(step, loss=loss, grad_norm=grad_norm, optimizer=optimizer)
-        log.step(step, sampler, read, loss, decision.action)  # rank 0
-        if decision.action == "rollback":  # restore the last checkpoint, skip the bad batches
-            step = guard.rollback(checkpointer, state, sampler)
-            sampler.set_step(step)
-            batches = iter(loader)  # a new iterator from the restored step
-            continue
-        decision.raise_if_halt()  # RunHalted names the findings
-        if decision.apply:  # "skip": the guard cleared the gradients; the step moves on
+        judged = guard.judge(step, loss=loss, grad_norm=grad_norm, model=raw, optimizer=optimizer)
+        log.step(step, sampler, read, loss, judged.known.action if judged.known else "")
+        back = settled(judged)  # a rollback restores the checkpoint, skips the bad batches
+        if back is None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, args.max_steps)
             with guard.phase("optimizer", step):
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        saving = (step + 1) % args.checkpoint_every == 0 or step + 1 == args.max_steps
-        # Replica hashes before every save (a corrupt replica is never saved; host sync), then
-        # a monitored barrier that names a hung rank.
-        end = guard.end_step(step, model=raw, optimizer=optimizer, checkpoint_due=saving)
-        if end.action == "rollback":  # H201: a replica diverged; no batches to skip
-            step = guard.rollback(checkpointer, state, sampler)
+                judged.optimizer_step(optimizer)  # applied, or skipped as judged
+            optimizer.zero_grad(set_to_none=True)
+            saving = (step + 1) % args.checkpoint_every == 0 or step + 1 == args.max_steps
+            # Replica hashes before every save (a corrupt replica is never saved; host
+            # sync), then a monitored barrier that names a hung rank. H201: a rollback.
+            back = settled(guard.after_update(step, raw, optimizer, checkpoint_due=saving))
+        if back is not None:
+            step = back
             sampler.set_step(step)
             batches = iter(loader)  # a new iterator from the restored step
             continue
-        end.raise_if_halt()
         step += 1
         if saving:  # collective: under the checkpoint's timeout budget, not the step's
             with guard.phase("checkpoint", step):

@@ -4,9 +4,11 @@
 
 A small regression model trains for 300 steps. Three faults are injected: a NaN batch
 (step 100), a loss-spike batch (step 150) and a stretch of garbage batches (steps 220-224)
-that makes the guard ask for a rollback. The loop calls `guard.step` BEFORE `optimizer.step`,
-so no bad update is ever applied; on a rollback it restores the last in-memory checkpoint
-and skips the offending batches, keeping a record of them.
+that makes the guard ask for a rollback. The loop follows the guard's protocol: `guard.judge`
+BEFORE the update, so no bad update is ever applied; `guard.settle` reruns a refused step on
+the same batch (the same result again: the data's fault, R206; a different one would point to
+the hardware, R205); on a rollback the loop restores the last in-memory checkpoint and skips
+the offending batches, keeping a record of them.
 """
 
 from __future__ import annotations
@@ -55,39 +57,59 @@ def main(run_dir: str, steps: int = 300, checkpoint_every: int = 50) -> dict:
     ckpt = snapshot(0, model, opt, guard)
     skip_batches: set[int] = set()
     actions: dict[str, list[int]] = {"skip": [], "rollback": [], "halt": []}
+    reruns: list[tuple[int | None, str]] = []  # (step, R205 hardware / R206 data)
     step = 0
-    while step < steps:
-        if step in skip_batches:  # a batch a rollback told us to skip: recorded, not trained
-            step += 1
-            continue
+
+    def forward_backward(step: int) -> torch.Tensor:
+        """Step `step`'s loss and gradients; `guard.settle` calls it again to rerun a step."""
         with watchdog.phase("data"):
             xb, yb = batch_for(step, x, y)
         with watchdog.phase("forward"):
             loss = torch.nn.functional.mse_loss(model(xb), yb)
         with watchdog.phase("backward"):
             loss.backward()
-        decision = guard.step(step, loss=loss, model=model, optimizer=opt)
-        if decision.action == "apply":
-            with watchdog.phase("optimizer"):
-                opt.step()
-        elif decision.action == "rollback":
-            actions["rollback"].append(step)
-            skip_batches.update(decision.bad_steps)
+        return loss.detach()
+
+    def act(done) -> int | str | None:
+        """What the loop does with a settled decision (on a GPU, the device path's decisions
+        come a step late): the step to go back to, "halt", or None to go on."""
+        d = done.decision
+        reruns.extend((f.step, f.code) for f in done.findings if f.code in ("R205", "R206"))
+        if d is None or d.action == "apply":
+            return None
+        actions[d.action].append(d.step)
+        if d.action == "rollback":  # the in-memory checkpoint back, the bad batches skipped
+            skip_batches.update(d.bad_steps)
             model.load_state_dict(ckpt["model"])
             opt.load_state_dict(ckpt["opt"])
             guard.after_rollback(ckpt["guard"])
-            step = ckpt["step"]
             opt.zero_grad(set_to_none=True)
+            return ckpt["step"]
+        return "halt" if d.action == "halt" else None
+
+    while step < steps:
+        if step in skip_batches:  # a batch a rollback told us to skip: recorded, not trained
+            step += 1
             continue
-        elif decision.action == "halt":
-            actions["halt"].append(step)
+        loss = forward_backward(step)
+        judged = guard.judge(step, loss=loss, model=model, optimizer=opt)  # before the update
+        # The rerun and the findings; rollback and halt are ours here (defer): act() does them.
+        back = act(guard.settle(judged, rerun=forward_backward, defer=True))
+        saving = (step + 1) % checkpoint_every == 0
+        if back is None:
+            with watchdog.phase("optimizer"):
+                judged.optimizer_step(opt)  # applied, or skipped as judged
+            opt.zero_grad(set_to_none=True)
+            end = guard.after_update(step, model, opt, checkpoint_due=saving)  # read back
+            back = act(guard.settle(end, rerun=forward_backward, defer=True))
+        if back == "halt":
             break
-        else:
-            actions["skip"].append(step)
-        opt.zero_grad(set_to_none=True)
+        if back is not None:
+            step = int(back)
+            continue
         watchdog.heartbeat(step)
         step += 1
-        if step % checkpoint_every == 0:
+        if saving:
             with watchdog.phase("checkpoint"):
                 ckpt = snapshot(step, model, opt, guard)
     watchdog.stop()
@@ -97,6 +119,7 @@ def main(run_dir: str, steps: int = 300, checkpoint_every: int = 50) -> dict:
         "actions": actions,
         "skipped_batches": sorted(skip_batches),
         "rollbacks": guard.rollbacks,
+        "reruns": reruns,
         "final_loss": final,
         "finite": all(torch.isfinite(p).all().item() for p in model.parameters()),
     }

@@ -265,6 +265,8 @@ def test_example_guard_loop(tmp_path):
     assert summary["actions"] == {"skip": [100, 150, 220, 221, 223, 224], "rollback": [222],
                                   "halt": []}  # fmt: skip
     assert summary["skipped_batches"] == [220, 221, 222]
+    # Each refused step rerun on its batch: the same result, the data's fault (R206).
+    assert summary["reruns"] == [(s, "R206") for s in (100, 150, 220, 221, 222, 223, 224)]
     assert summary["finite"] is True
     assert summary["final_loss"] < 1.0
     assert (tmp_path / "guard.jsonl").exists()

@@ -103,7 +103,12 @@ class Snapshots(transformers.TrainerCallback):
 
 
 def make_trainer(
-    out: Path, *, guard: Guard | None = None, eval_dataset: Any = None, **overrides: Any
+    out: Path,
+    *,
+    guard: Guard | None = None,
+    eval_dataset: Any = None,
+    cls: type[Poisoned] | None = None,
+    **overrides: Any,
 ) -> Poisoned:
     torch.manual_seed(0)
     config = transformers.GPT2Config(
@@ -117,7 +122,7 @@ def make_trainer(
     )  # fmt: skip
     args = transformers.TrainingArguments(**{**settings, **overrides})
     guard = guard if guard is not None else Guard(run_dir=out, config=WARMUP)
-    trainer = Poisoned(
+    trainer = (cls or Poisoned)(
         model=transformers.GPT2LMHeadModel(config),
         args=args,
         train_dataset=Tokens(),
@@ -167,6 +172,20 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return train(tmp_path_factory.mktemp("hf_guarded"), snapshots=True)
 
 
+def first_runs(seen: list[tuple]) -> tuple[list[tuple], list[int]]:
+    """The computations of each step without the guard's reruns (the same samples again, right
+    after the first, or after the next step's on the device path), and the steps rerun."""
+    kept: list[tuple] = []
+    reruns: list[int] = []
+    for entry in seen:
+        again = [k for k in kept[-2:] if list(k[1]) == list(entry[1])]
+        if again:
+            reruns.append(again[-1][0])
+        else:
+            kept.append(entry)
+    return kept, reruns
+
+
 def same(a: Any, b: Any) -> bool:
     """Bitwise equality of nested tensors (NaN-safe)."""
     if isinstance(a, dict):
@@ -181,7 +200,10 @@ def same(a: Any, b: Any) -> bool:
 def test_exactly_the_poisoned_updates_are_skipped_at_their_own_steps(guarded: Run) -> None:
     assert guarded.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "skip")]
     found = {(f["code"], f["step"]) for f in guarded.rows("finding") if f["severity"] != "info"}
-    assert found == {("R101", NAN_STEP), ("R102", SPIKE_STEP), ("R103", SPIKE_STEP)}
+    assert found == {("R101", NAN_STEP), ("R102", SPIKE_STEP), ("R103", SPIKE_STEP)} | {
+        ("R206", NAN_STEP),  # each rerun on its batch: the same again, the data's fault
+        ("R206", SPIKE_STEP),
+    }
     # The norm judged is the one before the Trainer clips to max_grad_norm=1.0.
     (r103,) = [f for f in guarded.rows("finding") if f["code"] == "R103"]
     assert r103["data"]["value"] > 100 * guarded.trainer.args.max_grad_norm
@@ -266,7 +288,8 @@ def test_rollback_restores_the_last_checkpoint_and_skips_the_bad_samples(tmp_pat
     assert run.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "rollback")]
     (event,) = run.rows("event")
     assert (event["from_step"], event["to_step"], event["skipped_steps"]) == (SPIKE_STEP, 24, [30])
-    seen = run.trainer.seen
+    seen, reruns = first_runs(run.trainer.seen)
+    assert reruns == [NAN_STEP, SPIKE_STEP]  # each bad step rerun once on its batch (R206)
     steps = [s for s, _, _ in seen]
     assert steps == [*range(SPIKE_STEP + 1), *range(24, STEPS)]  # continued by itself
     second = seen[SPIKE_STEP + 1 :]
@@ -601,8 +624,9 @@ def _ddp_worker(rank: int, tmp: Path, port: int, hang_at: int | None = None) -> 
     trainer.spike_ids, trainer.seen = set(), []
     trainer.train()
     weights = [p.detach().flatten().tolist() for p in trainer.model.parameters()]
+    seen, reruns = first_runs(trainer.seen)
     result = {"history": guard.history, "weights": weights, "step": trainer.state.global_step,
-              "seen": [s for s, _, _ in trainer.seen]}  # fmt: skip
+              "seen": [s for s, _, _ in seen], "reruns": reruns}  # fmt: skip
     (tmp / f"rank{rank}.json").write_text(json.dumps(result))
     guard.close()
     torch.distributed.destroy_process_group()
@@ -629,6 +653,7 @@ def test_ddp_ranks_agree_roll_back_a_corrupted_replica_and_name_a_straggler(
     assert r0["history"] == r1["history"]
     assert [(h["step"], h["action"]) for h in r0["history"]] == [(2, "skip"), (6, "rollback")]
     assert r0["seen"] == r1["seen"] == [*range(7), *range(4, 10)]
+    assert r0["reruns"] == r1["reruns"] == [2]  # both ranks rerun the skipped step together
     assert r0["weights"] == r1["weights"]  # the replicas agree again
     assert r0["step"] == r1["step"] == 10
     rows = _guard_rows(tmp_path, 1)
@@ -703,5 +728,43 @@ def test_device_path_rolls_back_to_the_same_end(tmp_path: Path) -> None:
     assert device.actions() == host.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "rollback")]
     assert [e["to_step"] for e in device.rows("event")] == [24]
     # The rollback arrived with step 31's call: step 31 was computed, never applied.
-    assert [s for s, _, _ in device.trainer.seen][: SPIKE_STEP + 3] == [*range(SPIKE_STEP + 2), 24]
+    seen, reruns = first_runs(device.trainer.seen)
+    assert [s for s, _, _ in seen][: SPIKE_STEP + 3] == [*range(SPIKE_STEP + 2), 24]
+    assert reruns == [NAN_STEP, SPIKE_STEP]  # each rerun a step late, with the next step
     assert same(device.params, host.params)
+
+
+# -- rerun on the same batch (R205 hardware, R206 data), on both paths ---------------------------
+class Flaky(Poisoned):
+    """The first computation of step `flaky_step` is corrupted (a NaN loss), the second is not:
+    a fault of the machine, not of the batch."""
+
+    flaky_step = 5
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        out = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        step = self.state.global_step
+        first = [s for s, _, _ in self.seen].count(step) == 1  # the first computation only
+        if not return_outputs and step == self.flaky_step and first:
+            out = out * math.nan
+        return out
+
+
+@pytest.mark.parametrize("config", [WARMUP, DEVICE], ids=["host", "device"])
+def test_a_rerun_tells_a_transient_fault_from_bad_data(tmp_path: Path, config: Any) -> None:
+    """Step 5 fails once (transient: R205, hardware); step 12's batch is poisoned and fails
+    again when rerun (R206, data). Both updates are skipped; each step is computed twice."""
+    guard = Guard(run_dir=tmp_path, config=config)
+    trainer = make_trainer(tmp_path, guard=guard, cls=Flaky, max_steps=16, save_steps=100)
+    with one_thread():
+        trainer.train()
+    found = {(f["code"], f["step"]) for f in Run(trainer, tmp_path).rows("finding")}
+    assert {("R205", 5), ("R206", NAN_STEP)} <= found
+    assert not {("R206", 5), ("R205", NAN_STEP)} & found
+    assert [h["step"] for h in guard.history] == [5, NAN_STEP]  # both skipped
+    # Computed twice: the batches of steps 5 and 12 (on the device path the rerun comes with
+    # the next step, so count the batches, not the Trainer's step).
+    batches = [ids for _, ids, _ in trainer.seen]
+    count = [batches.count(trainer.elastic_sampler.batch_ids(s).tolist()) for s in (4, 5, 12)]
+    assert count == [1, 2, 2]
+    assert all(p.isfinite().all() for p in trainer.model.parameters())

@@ -73,6 +73,7 @@ class TinyLM(L.LightningModule):
         self.nan_ids, self.spike_ids = nan_ids, spike_ids
         self.seen: list[tuple[int, list[int], float]] = []
         self.norms: dict[int, float] = {}
+        self.flaky_step: int | None = None  # its first computation only is corrupted
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         x, ids = batch
@@ -82,6 +83,9 @@ class TinyLM(L.LightningModule):
         self.seen.append((self.trainer.global_step, ids, loss.item()))
         if self.nan_ids & set(ids):
             loss = loss * math.nan
+        step = self.trainer.global_step
+        if step == self.flaky_step and [s for s, _, _ in self.seen].count(step) == 1:
+            loss = loss * math.nan  # a transient fault: the rerun computes it cleanly
         if self.spike_ids & set(ids):
             loss = loss * 1000
         return loss
@@ -137,7 +141,7 @@ class Run:
 
 def train(
     out: Path, *, guard: Guard | None = None, max_steps: int = STEPS, every: int = SAVE_EVERY,
-    snapshots: bool = False, resume: bool = True,
+    snapshots: bool = False, resume: bool = True, flaky: int | None = None,
 ) -> Run:  # fmt: skip
     dataset = Tokens()
     sampler = ElasticSampler(len(dataset), global_batch_size=BATCH, seed=0)  # endless
@@ -145,6 +149,7 @@ def train(
     module = TinyLM(
         set(sampler.batch_ids(NAN_STEP).tolist()), set(sampler.batch_ids(SPIKE_STEP).tolist())
     )
+    module.flaky_step = flaky
     callback = TrainguardLightningCallback(
         sampler, guard=guard if guard is not None else Guard(run_dir=out, config=WARMUP)
     )
@@ -168,6 +173,20 @@ def train(
     return run
 
 
+def first_runs(seen: list[tuple]) -> tuple[list[tuple], list[int]]:
+    """The computations of each step without the guard's reruns (the same samples again, right
+    after the first, or after the next step's on the device path), and the steps rerun."""
+    kept: list[tuple] = []
+    reruns: list[int] = []
+    for entry in seen:
+        again = [k for k in kept[-2:] if list(k[1]) == list(entry[1])]
+        if again:
+            reruns.append(again[-1][0])
+        else:
+            kept.append(entry)
+    return kept, reruns
+
+
 def same(a: Any, b: Any) -> bool:
     """Bitwise equality of nested tensors (NaN-safe)."""
     if isinstance(a, dict):
@@ -187,7 +206,10 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Run:
 def test_exactly_the_poisoned_updates_are_skipped_at_their_own_steps(guarded: Run) -> None:
     assert guarded.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "skip")]  # no phantom skips
     found = {(f["code"], f["step"]) for f in guarded.rows("finding") if f["severity"] != "info"}
-    assert found == {("R101", NAN_STEP), ("R102", SPIKE_STEP), ("R103", SPIKE_STEP)}
+    assert found == {("R101", NAN_STEP), ("R102", SPIKE_STEP), ("R103", SPIKE_STEP)} | {
+        ("R206", NAN_STEP),  # each rerun on its batch: the same again, the data's fault
+        ("R206", SPIKE_STEP),
+    }
     s = guarded.snaps
     for step in (NAN_STEP, SPIKE_STEP):
         assert same(s[step]["params"], s[step + 1]["params"])
@@ -246,7 +268,8 @@ def test_rollback_restores_the_last_checkpoint_and_skips_the_bad_samples(tmp_pat
     assert run.actions() == [(NAN_STEP, "skip"), (SPIKE_STEP, "rollback")]
     (event,) = run.rows("event")
     assert (event["from_step"], event["to_step"], event["skipped_steps"]) == (SPIKE_STEP, 24, [30])
-    seen = run.module.seen
+    seen, reruns = first_runs(run.module.seen)
+    assert reruns == [NAN_STEP, SPIKE_STEP]  # each bad step rerun once on its batch (R206)
     assert [s for s, _, _ in seen] == [*range(SPIKE_STEP + 1), *range(24, STEPS)]
     second = seen[SPIKE_STEP + 1 :]
     replay = {s: (ids, loss) for s, ids, loss in second if s < SPIKE_STEP}
@@ -403,7 +426,8 @@ def _ddp_worker(rank: int, tmp: Path, port: int) -> None:
                                                       batch_size=BATCH // 2))  # fmt: skip
     result = {"history": guard.history, "step": trainer.global_step,
               "weights": [p.detach().flatten().tolist() for p in module.parameters()],
-              "seen": [s for s, _, _ in module.seen]}  # fmt: skip
+              "seen": [s for s, _, _ in first_runs(module.seen)[0]],
+              "reruns": first_runs(module.seen)[1]}  # fmt: skip
     (tmp / f"rank{rank}.json").write_text(json.dumps(result))
     guard.close()
     torch.distributed.destroy_process_group()
@@ -423,6 +447,7 @@ def test_ddp_ranks_agree_and_roll_back_a_corrupted_replica(tmp_path: Path) -> No
     assert r0["history"] == r1["history"]
     assert [(h["step"], h["action"]) for h in r0["history"]] == [(2, "skip"), (6, "rollback")]
     assert r0["seen"] == r1["seen"] == [*range(7), *range(4, 10)]
+    assert r0["reruns"] == r1["reruns"] == [2]  # both ranks rerun the skipped step together
     assert r0["weights"] == r1["weights"]  # bitwise: the replicas agree again
     assert r0["step"] == r1["step"] == 10
     rows = [json.loads(x) for x in (tmp_path / "rank1" / "guard.jsonl").read_text().splitlines()]
@@ -431,3 +456,46 @@ def test_ddp_ranks_agree_and_roll_back_a_corrupted_replica(tmp_path: Path) -> No
     # Nobody is slow: rank 0, which alone writes the checkpoints, is not named a straggler.
     assert [r for r in rows if r.get("code") == "H202"] == []
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == ["step-4", "step-8"]
+
+
+@pytest.mark.parametrize("decide_on", ["host", "device"])
+def test_a_rerun_tells_a_transient_fault_from_bad_data(tmp_path: Path, decide_on: str) -> None:
+    """Step 5 fails once (transient: R205, hardware); step 12's batch is poisoned and fails
+    again when rerun on the same batch (R206, data). Both updates are skipped; each of the two
+    steps is computed twice."""
+    config = WARMUP.model_copy(update={"decide_on": decide_on})
+    guard = Guard(run_dir=tmp_path, config=config)
+    run = train(tmp_path, guard=guard, max_steps=16, every=100, flaky=5)
+    found = {(f["code"], f["step"]) for f in run.rows("finding")}
+    assert {("R205", 5), ("R206", NAN_STEP)} <= found
+    assert not {("R206", 5), ("R205", NAN_STEP)} & found
+    assert run.actions() == [(5, "skip"), (NAN_STEP, "skip")]
+    # Computed twice: the batches of steps 5 and 12 (on the device path the rerun comes with
+    # the next step, so count the batches, not the Trainer's step).
+    batches = [ids for _, ids, _ in run.module.seen]
+    count = [batches.count(run.callback.sampler.batch_ids(s).tolist()) for s in (4, 5, 12)]
+    assert count == [1, 2, 2]
+    assert all(p.isfinite().all() for p in run.params)
+
+
+def test_strategies_the_guard_cannot_judge_are_refused() -> None:
+    """Checked in the callback's `setup`, before any step. FSDP and DeepSpeed cannot be built
+    on this CPU machine by a Trainer: the strategy objects themselves are checked."""
+    from lightning.pytorch.strategies import (
+        DDPStrategy,
+        DeepSpeedStrategy,
+        FSDPStrategy,
+        ModelParallelStrategy,
+        SingleDeviceStrategy,
+    )
+
+    from trainguard.integrations.lightning import check_strategy
+
+    check_strategy(SingleDeviceStrategy("cpu"))
+    check_strategy(DDPStrategy())
+    deepspeed = object.__new__(DeepSpeedStrategy)  # its __init__ needs deepspeed installed
+    for strategy, why in ((deepspeed, "DeepSpeed"), (FSDPStrategy(), "FSDP"),
+                          (ModelParallelStrategy(), "untested")):  # fmt: skip
+        with pytest.raises(ConfigError, match=why) as e:
+            check_strategy(strategy)
+        assert "ddp" in e.value.fix

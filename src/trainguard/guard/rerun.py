@@ -7,7 +7,9 @@ the RNG state); this module only compares what the two runs produced.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from trainguard.findings import Finding
@@ -59,3 +61,30 @@ def classify_rerun(first: Any, second: Any, rtol: float = 0.0, step: int | None 
         step=step,
         data=data,
     )
+
+
+class StepRng:
+    """The torch generators' states as a step began, for a rerun that must draw the same
+    dropout masks: `StepRng()` at the step's start, `with rng.replay():` around the rerun (the
+    generators are put back as they were after it, so the run goes on as if nothing reran)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    @contextlib.contextmanager
+    def replay(self) -> Iterator[None]:
+        import torch
+
+        now = StepRng()
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        try:
+            yield
+        finally:
+            torch.set_rng_state(now.cpu)
+            if now.cuda is not None:
+                torch.cuda.set_rng_state_all(now.cuda)

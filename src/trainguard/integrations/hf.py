@@ -45,21 +45,20 @@ Trainer's own resume skips the first N steps' batches. Under torchrun/accelerate
 default guard is `Guard(distributed=True)`: the step's metrics are averaged over the ranks so
 every rank decides alike, phases are timed (stragglers, H202; the Trainer's saves and
 evaluations are left out: only rank 0 writes the checkpoint), replicas are compared before each
-save (H201), and a hung rank is named (R301). DeepSpeed and FSDP keep gradients elsewhere and
-are not supported.
+save (H201), and a hung rank is named (R301). FSDP2 through accelerate is judged on the host
+with the whole model's gradient norm; DeepSpeed, FSDP1 and other untested parallelisms are
+refused when the trainer is built (`hf_parallel.py`).
 
-On CUDA (`GuardsConfig.decide_on`, "auto"), one process, no fp16 GradScaler: the step is judged
-with `Guard.step_async`, no host sync: the skip is decided on the device and the Trainer's own
-`optimizer.step()` is masked there (`guard.masked_step.MaskedUpdate`: fused AdamW through
-`found_inf`, other optimizers by a snapshot selected back); the decision is read back with the
-next step, or before a save, an evaluation or the end. A rollback or halt decided a step late
-stops the Trainer before the next update, as above.
+On CUDA (`decide_on` "auto"), one process, no fp16 GradScaler: `Guard.judge` decides on the
+device with no host sync and masks the Trainer's own `optimizer.step()` there; the decision is
+read back with the next step, or before a save, an evaluation or the end. A refused step is
+rerun when the guard asks (R205 hardware / R206 data): its micro-batches and RNG state are kept
+(`step_inputs.py`) and replayed through the Trainer's own `training_step`.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 try:
@@ -71,22 +70,21 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from trainguard.data.sampler import ElasticSampler
-from trainguard.errors import BadInputError, ConfigError, CorruptError
+from trainguard.errors import ConfigError
 from trainguard.guard.core import Guard, grad_norm_of
 from trainguard.guard.decision import Decision
-from trainguard.guard.device import PendingStep
-from trainguard.guard.masked_step import MaskedUpdate
+from trainguard.guard.judgement import Judgement
 from trainguard.integrations.hf_callback import TrainguardCallback
 from trainguard.integrations.hf_checkpoints import (
-    PREFIX,
     TrainerCheckpoints,
-    load_state_file,
-    parse_checkpoint_dirname,
+    resume_folder,
     rotate_verified,
     verified_best,
 )
 from trainguard.integrations.hf_loss import SkippedLoss
-from trainguard.integrations.verified import quarantine_folder, verify_folder
+from trainguard.integrations.hf_parallel import check_parallelism
+from trainguard.integrations.step_inputs import StepInputs
+from trainguard.integrations.verified import quarantine_folder
 
 log = logging.getLogger(__name__)
 __all__ = ["GuardedTrainer", "GuardedTrainerMixin", "TrainguardCallback"]
@@ -113,6 +111,7 @@ class GuardedTrainerMixin:
     optimizer: Any
     accelerator: Any
     train_dataset: Any
+    model_wrapped: Any
 
     def __init__(
         self,
@@ -122,6 +121,7 @@ class GuardedTrainerMixin:
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        check_parallelism(self)  # DeepSpeed, FSDP1, ...: refused before any step
         self.guard = guard if guard is not None else _default_guard(self.args)
         self.check_chat = check_chat
         self.chat_findings: list[Any] = []
@@ -129,7 +129,13 @@ class GuardedTrainerMixin:
         self.checkpoint_findings: list[Any] = []  # checkpoints passed over on resume/rollback
         self.stop_decision: Decision | None = None  # the rollback or halt that stopped train()
         self._step_loss: Any = None
-        self._masked: tuple[PendingStep, MaskedUpdate] | None = None  # the device path's
+        self._judgement: Judgement | None = None  # the step whose update the Trainer does now
+        # Each step's micro-batches, replayed when the guard asks for a rerun (R205/R206).
+        self._inputs = StepInputs(
+            self._micro_step,
+            no_sync=lambda: self.accelerator.no_sync(self.model_wrapped),
+            grad_norm=self._unscaled_norm,
+        )
         self._skip_loss = SkippedLoss()
         # {"count", "steps", "train_loss_average", "train_loss_with_skipped"} after train()
         self.skipped_updates: dict[str, Any] | None = None
@@ -175,6 +181,7 @@ class GuardedTrainerMixin:
     # --- the guarded step ---------------------------------------------------------------------
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
         step = self.state.global_step  # updates done before this one
+        self._inputs.record(step, model, inputs, num_items_in_batch)  # for a rerun (R205/R206)
         with self.guard.phase("forward", step):  # a failed all-reduce names the hung rank
             loss = super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
         # Each micro-batch's loss is already divided by the accumulation: the sum is the step's.
@@ -183,45 +190,52 @@ class GuardedTrainerMixin:
             self._judge(model, step)
         return loss
 
+    def _micro_step(self, model: Any, inputs: Any, num_items_in_batch: Any) -> Any:
+        """One micro-batch's forward and backward as the Trainer does it (a rerun's)."""
+        return super().training_step(model, inputs, num_items_in_batch)  # type: ignore[misc]
+
+    def _unscaled_norm(self) -> Any:
+        """The gradient norm before the Trainer clips; under fp16's GradScaler unscaled."""
+        norm = grad_norm_of(self.model_wrapped)
+        scaler = getattr(self.accelerator, "scaler", None)
+        if scaler is not None and scaler.is_enabled():
+            norm /= float(scaler.get_scale())
+        return norm
+
     def _judge(self, model: Any, step: int) -> None:
+        """`Guard.judge` before the Trainer clips (the unclipped norm) and steps: on the host,
+        or on the device with the Trainer's own `optimizer.step()` masked (`on_step_end` ends
+        the mask); the decision known now is settled (a rerun on the same micro-batches)."""
         loss, self._step_loss = self._step_loss, None
         scaler = getattr(self.accelerator, "scaler", None)
-        scaled = scaler is not None and scaler.is_enabled()
-        # fp16's GradScaler sets the optimizer's found_inf itself: the host path then.
-        if not scaled and self.guard.on_device(self.args.device):
-            self._judge_on_device(model, step, loss)
-        else:
-            norm = grad_norm_of(model)  # before the Trainer clips
-            if scaled:  # fp16: the gradients are still scaled
-                norm /= float(scaler.get_scale())
-            decision = self.guard.step(step, loss=loss, grad_norm=norm, optimizer=self.optimizer)
-            self._stop_on(decision)
+        scaled = scaler is not None and scaler.is_enabled()  # fp16: sets found_inf itself
+        host = scaled or not self.guard.on_device(self.args.device)
+        norm = self._unscaled_norm() if host else None  # the device path: a device tensor
+        j = self.guard.judge(
+            step, loss=loss, grad_norm=norm, model=model, optimizer=self.optimizer, on_host=host
+        )
+        self._settle_decision(j)
+        j.begin_update(self.optimizer)
+        self._judgement = j
         if self.guard.distributed is not None:
             self.guard.distributed.mark("optimizer")
 
-    def _judge_on_device(self, model: Any, step: int, loss: Any) -> None:
-        """`Guard.step_async`: this step judged on the device and its update masked there (the
-        Trainer's own `optimizer.step()` comes next; `on_step_end` ends the mask), the previous
-        step's decision acted on."""
-        pending = self.guard.step_async(step, loss=loss, model=model)  # the unclipped norm
-        if pending.resolved is not None:
-            self._stop_on(pending.resolved)
-        if pending.dropped:  # the previous step stops the run: no update for this one
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
-            self._masked = (pending, MaskedUpdate(self.optimizer, pending.ok))
+    def _settle_decision(self, what: Any) -> None:
+        """`Guard.settle` with the rerun of a step on its recorded micro-batches; a rollback or
+        halt stops the Trainer (`train()` acts on it once the Trainer has returned)."""
+        done = self.guard.settle(what, rerun=self._inputs.rerun, defer=True)
+        if done.stop and self.stop_decision is None:
+            self.stop_decision = done.decision
+            self.control.should_training_stop = True
 
     def _settle(self, flush: bool) -> None:
-        """After the Trainer's optimizer step: end the mask; with `flush`, read the step's
-        decision back now (before a save, an evaluation or the end)."""
-        if self._masked is not None:
-            pending, mask = self._masked
-            self._masked = None
-            pending.repair = mask.end()
+        """After the Trainer's optimizer step: end the mask; with `flush`, read the pending
+        step's decision back now (before a save, an evaluation or the end) and settle it."""
+        if self._judgement is not None:
+            self._judgement.end_update()
+            self._judgement = None
         if flush:
-            decision = self.guard.flush()
-            if decision is not None and self.stop_decision is None:
-                self._stop_on(decision)
+            self._settle_decision(self.guard.flush())
 
     def _mark_between_steps(self, control: Any) -> None:
         """After a step: the straggler timer pauses while the Trainer evaluates or saves (only
@@ -231,11 +245,6 @@ class GuardedTrainerMixin:
             return
         due = "checkpoint" if control.should_save else "eval" if control.should_evaluate else None
         self.guard.distributed.mark(due or "data")
-
-    def _stop_on(self, decision: Decision) -> None:
-        if decision.action in ("rollback", "halt"):
-            self.stop_decision = decision
-            self.control.should_training_stop = True
 
     # --- saves and the end of training: nothing deleted or loaded unverified -----------------
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
@@ -328,9 +337,10 @@ class GuardedTrainerMixin:
                 chat_preflight(self, options)  # sets self.chat_findings
         sampler = self._sampler()
         state = {"guard": self.guard, "sampler": sampler}
-        resume = self._resume_folder(resume_from_checkpoint, state)
+        resume = resume_folder(self, resume_from_checkpoint, state)  # verified first
         while True:
-            self.stop_decision, self._step_loss, self._masked = None, None, None
+            self.stop_decision, self._step_loss, self._judgement = None, None, None
+            self._inputs.clear()
             self._skip_loss = SkippedLoss(len(self.guard.history))  # this call's steps only
             output = super().train(resume_from_checkpoint=resume, **kwargs)  # type: ignore[misc]
             stop = self.stop_decision
@@ -342,45 +352,6 @@ class GuardedTrainerMixin:
             self.checkpoint_findings += checkpoints.last_findings
             resume = str(checkpoints.folder)
             log.warning("trainguard: rolled back from step %s to %s", stop.step, resume)
-
-    def _resume_folder(self, resume: str | bool | None, state: dict[str, Any]) -> str | None:
-        if resume is None or resume is False:
-            return None
-        if resume is True:
-            checkpoints = TrainerCheckpoints(self)
-            step = checkpoints.load_latest(state)
-            self._report(checkpoints.last_findings)
-            if step is None and not checkpoints.last_findings:
-                raise BadInputError(
-                    f"resume_from_checkpoint=True but {self.args.output_dir} holds no {PREFIX}N "
-                    "folder",
-                    "pass resume_from_checkpoint=None to start training from scratch",
-                )
-            if step is None:
-                raise CorruptError(
-                    f"C107: no {PREFIX}N folder under {self.args.output_dir} verifies "
-                    f"({len(checkpoints.last_findings)} findings; rejected folders are in "
-                    "quarantine/)",
-                    "restore a checkpoint from a copy, or train from scratch with "
-                    "resume_from_checkpoint=None in a new output_dir",
-                )
-            return str(checkpoints.folder)
-        folder = Path(resume)
-        step = parse_checkpoint_dirname(folder.name)
-        if step is None:
-            raise BadInputError(
-                f"{folder} is not a {PREFIX}N folder",
-                "pass a checkpoint folder the Trainer saved, or True for the newest that verifies",
-            )
-        problems = verify_folder(folder, step)
-        if problems:
-            self._report(problems)
-            raise CorruptError(
-                f"{folder} fails verification: " + "; ".join(f.message for f in problems),
-                "resume_from_checkpoint=True takes the newest checkpoint that verifies",
-            )
-        load_state_file(folder, state)
-        return str(folder)
 
     def _report(self, findings: list[Any]) -> None:
         self.checkpoint_findings += findings

@@ -28,7 +28,7 @@ class GuardedTrainerHooks(Protocol):
     stop_decision: Decision | None
 
     def _settle(self, flush: bool) -> None: ...
-    def _stop_on(self, decision: Decision) -> None: ...
+    def _settle_decision(self, what: Decision | None) -> None: ...
     def _mark_between_steps(self, control: Any) -> None: ...
     def _sampler(self) -> ElasticSampler: ...
     def _report(self, findings: list[Any]) -> None: ...
@@ -58,12 +58,14 @@ class TrainguardCallback(TrainerCallback):
         assert t is not None
         done = state.global_step - 1  # the update just applied (or skipped)
         due = control.should_save or control.should_evaluate or control.should_training_stop
-        t._settle(flush=due)  # the device path: the step's decision before a save or the end
+        t._settle(flush=False)  # the mask of the device path ends
         if t.stop_decision is None:
-            end = t.guard.end_step(
-                done, kwargs.get("model"), t.optimizer, checkpoint_due=control.should_save
+            # The replicas (before a save), stragglers, the barrier; before a save, an
+            # evaluation or the end also the device path's pending decision, read back.
+            end = t.guard.after_update(
+                done, kwargs.get("model"), t.optimizer, checkpoint_due=bool(due)
             )
-            t._stop_on(end)
+            t._settle_decision(end)
             t._mark_between_steps(control)
         if t.stop_decision is not None:
             t._settle(flush=True)  # nothing stays pending across a rollback or a halt

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.checkpoint.folder import RefusedFile, open_listed
-from trainguard.errors import CorruptError
+from trainguard.errors import BadInputError, CorruptError
 from trainguard.findings import Finding
 from trainguard.integrations.verified import (
     commit_folder,
@@ -128,3 +128,45 @@ def verified_best(best: str | None) -> list[Finding]:
     if best is None or step is None or not Path(best).is_dir():
         return []
     return verify_folder(best, step)
+
+
+def resume_folder(trainer: Any, resume: str | bool | None, state: dict[str, Any]) -> str | None:
+    """`GuardedTrainer.train(resume_from_checkpoint=...)`'s folder, verified, with the guard's
+    and the sampler's state loaded into `state`; None for a fresh start."""
+    if resume is None or resume is False:
+        return None
+    if resume is True:
+        checkpoints = TrainerCheckpoints(trainer)
+        step = checkpoints.load_latest(state)
+        trainer._report(checkpoints.last_findings)
+        if step is None and not checkpoints.last_findings:
+            raise BadInputError(
+                f"resume_from_checkpoint=True but {trainer.args.output_dir} holds no {PREFIX}N "
+                "folder",
+                "pass resume_from_checkpoint=None to start training from scratch",
+            )
+        if step is None:
+            raise CorruptError(
+                f"C107: no {PREFIX}N folder under {trainer.args.output_dir} verifies "
+                f"({len(checkpoints.last_findings)} findings; rejected folders are in "
+                "quarantine/)",
+                "restore a checkpoint from a copy, or train from scratch with "
+                "resume_from_checkpoint=None in a new output_dir",
+            )
+        return str(checkpoints.folder)
+    folder = Path(resume)
+    step = parse_checkpoint_dirname(folder.name)
+    if step is None:
+        raise BadInputError(
+            f"{folder} is not a {PREFIX}N folder",
+            "pass a checkpoint folder the Trainer saved, or True for the newest that verifies",
+        )
+    problems = verify_folder(folder, step)
+    if problems:
+        trainer._report(problems)
+        raise CorruptError(
+            f"{folder} fails verification: " + "; ".join(f.message for f in problems),
+            "resume_from_checkpoint=True takes the newest checkpoint that verifies",
+        )
+    load_state_file(folder, state)
+    return str(folder)

@@ -28,7 +28,9 @@ the restored step (Lightning cannot fast-forward a plain DataLoader). Under DDP 
 `rank=trainer.global_rank, world_size=trainer.world_size` and pass
 `Trainer(use_distributed_sampler=False)`; `Guard(distributed=True)` adds the replica, straggler
 and hung-rank guards (build it before `fit`: the callback connects it to the process group
-Lightning sets up in `fit`). Automatic optimization only.
+Lightning sets up in `fit`). Automatic optimization only; one device or DDP (DeepSpeed, FSDP and
+other strategies are refused in `setup`, `check_strategy`). A refused step is rerun on its own
+micro-batches when the guard asks (R205 hardware / R206 data; `step_inputs.py`).
 
 On CUDA (`GuardsConfig.decide_on`, "auto"; not with fp16's GradScaler or metrics averaged over
 ranks): `Guard.step_async`, no host sync: the skip is decided on the device and Lightning's
@@ -38,11 +40,18 @@ with the next step, or before `VerifiedModelCheckpoint` saves and at the end.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
 try:
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+    from lightning.pytorch.strategies import (
+        DDPStrategy,
+        DeepSpeedStrategy,
+        FSDPStrategy,
+        SingleDeviceStrategy,
+    )
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "trainguard.integrations.lightning needs Lightning: pip install 'trainguard[lightning]'"
@@ -50,11 +59,12 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from trainguard.checkpoint.manifest import MANIFEST
 from trainguard.data.sampler import ElasticSampler
-from trainguard.errors import ConfigError, RunHalted
+from trainguard.errors import ConfigError
 from trainguard.guard.core import Guard, grad_norm_of
 from trainguard.guard.decision import Decision
-from trainguard.guard.device import PendingStep
-from trainguard.guard.masked_step import MaskedUpdate
+from trainguard.guard.judgement import Judgement
+from trainguard.guard.rollback import no_checkpoint
+from trainguard.integrations.step_inputs import StepInputs
 from trainguard.integrations.verified import (
     Verified,
     commit_folder,
@@ -97,14 +107,16 @@ class TrainguardLightningCallback(Callback):
         self.stop_decision: Decision | None = None  # the rollback or halt that stopped fit
         self._step_loss: Any = None
         self._judged: int | None = None  # the step scored, until its update is done
-        self._masked: tuple[PendingStep, MaskedUpdate] | None = None  # the device path's
+        self._judgement: Judgement | None = None  # the step whose update Lightning does now
         self._trainer: Any = None
+        self._inputs = StepInputs(self._micro_step, self._no_sync, self._rerun_norm)
         self._restored_step = 0
 
     # --- the guarded step ---------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
+        check_strategy(trainer.strategy)  # DeepSpeed, FSDP1, ...: refused before any step
         if self.sampler.world_size != trainer.world_size:
             raise ConfigError(
                 f"the ElasticSampler slices for {self.sampler.world_size} ranks, the Trainer "
@@ -122,7 +134,8 @@ class TrainguardLightningCallback(Callback):
         if self.guard.distributed is not None:  # Lightning has set up the process group now
             self.guard.distributed.connect()
         self.stop_decision, self._step_loss, self._judged = None, None, None
-        self._masked = None
+        self._judgement = None
+        self._inputs.clear()
         self.sampler.set_step(0)  # a fresh fit; a restored checkpoint moves it (load_state_dict)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
@@ -132,29 +145,66 @@ class TrainguardLightningCallback(Callback):
             loss = loss / scaler.get_scale()
         self._step_loss = loss if self._step_loss is None else self._step_loss + loss
 
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # Each step's micro-batches, replayed when the guard asks for a rerun (R205/R206).
+        self._inputs.record(trainer.global_step, batch, batch_idx)
+
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         step = trainer.global_step  # updates done before this one
         loss, self._step_loss = self._step_loss, None
         self._judged, self._trainer = step, trainer
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
-        # fp16's GradScaler sets the optimizer's found_inf itself: the host path then.
-        if (scaler is None or not scaler.is_enabled()) and self.guard.on_device(pl_module.device):
-            # Judged on the device, the update masked there (Lightning steps next), the
-            # previous step's decision acted on; before Lightning clips: the unclipped norm.
-            pending = self.guard.step_async(step, loss=loss, model=pl_module)
-            if pending.resolved is not None:
-                self._stop_on(pending.resolved, trainer)
-            if pending.dropped:  # the previous step stops the run: no update for this one
-                optimizer.zero_grad(set_to_none=True)
-            else:
-                self._masked = (pending, MaskedUpdate(optimizer, pending.ok))
-        else:
-            decision = self.guard.step(
-                step, loss=loss, grad_norm=grad_norm_of(pl_module), optimizer=optimizer
-            )  # before Lightning clips: the unclipped norm
-            self._stop_on(decision, trainer)
+        # fp16's GradScaler sets the optimizer's found_inf itself: the host path then. Judged
+        # before Lightning clips (the unclipped norm); on the device the update is masked there
+        # (Lightning steps next); the decision known now is settled.
+        host = self._scale(trainer) is not None or not self.guard.on_device(pl_module.device)
+        j = self.guard.judge(
+            step,
+            loss=loss,
+            grad_norm=grad_norm_of(pl_module) if host else None,
+            model=pl_module,
+            optimizer=optimizer,
+            on_host=host,
+        )
+        self._settle_decision(j, trainer)
+        j.begin_update(optimizer)
+        self._judgement = j
         if self.guard.distributed is not None:
             self.guard.distributed.mark("optimizer")
+
+    @staticmethod
+    def _scale(trainer: Any) -> float | None:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None
+
+    def _micro_step(self, batch: Any, batch_idx: int) -> Any:
+        """One micro-batch's forward and backward as Lightning's automatic optimization does
+        it (through the strategy: DDP's wrapper, the precision's autocast), for a rerun."""
+        trainer = self._trainer
+        out = trainer.strategy.training_step(batch, batch_idx)
+        loss = (out["loss"] if isinstance(out, dict) else out) / trainer.accumulate_grad_batches
+        scale = self._scale(trainer)
+        (loss * scale if scale is not None else loss).backward()
+        return loss
+
+    def _rerun_norm(self) -> float:
+        """The rerun's gradient norm as the step's was judged (fp16: unscaled)."""
+        norm = grad_norm_of(self._trainer.lightning_module)
+        scale = self._scale(self._trainer)
+        return norm / scale if scale is not None else norm
+
+    def _no_sync(self) -> Any:
+        block = getattr(self._trainer.strategy, "block_backward_sync", None)
+        return block() if block is not None else contextlib.nullcontext()
+
+    def _settle_decision(self, what: Any, trainer: Any) -> None:
+        """`Guard.settle` with the rerun on the recorded micro-batches; a rollback or halt
+        stops the Trainer (`fit` acts on it once Lightning has returned)."""
+        done = self.guard.settle(what, rerun=self._inputs.rerun, defer=True)
+        if done.stop and self.stop_decision is None:
+            self.stop_decision = done.decision
+            trainer.should_stop = True
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -165,10 +215,15 @@ class TrainguardLightningCallback(Callback):
         due = any(
             c.due(trainer) for c in trainer.callbacks if isinstance(c, VerifiedModelCheckpoint)
         )
-        self.settle(trainer, flush=due or trainer.global_step >= trainer.max_steps)
+        last = trainer.global_step >= trainer.max_steps
+        self.settle(trainer, flush=False)  # the mask of the device path ends
         if self.stop_decision is None:
-            end = self.guard.end_step(step, pl_module, trainer.optimizers[0], checkpoint_due=due)
-            self._stop_on(end, trainer)
+            # Replicas, stragglers, the barrier; before a save or at the end also the device
+            # path's pending decision, read back.
+            end = self.guard.after_update(
+                step, pl_module, trainer.optimizers[0], checkpoint_due=due or last
+            )
+            self._settle_decision(end, trainer)
         if self.stop_decision is not None:
             self.settle(trainer, flush=True)  # nothing stays pending across a rollback or halt
         # The straggler timer pauses while the companion saves (only rank 0 writes: its busy
@@ -181,24 +236,17 @@ class TrainguardLightningCallback(Callback):
             self.guard.distributed.mark(phase)
 
     def settle(self, trainer: Any, flush: bool = True) -> None:
-        """The device path, after Lightning's optimizer step: end the mask; with `flush`, read
-        the pending step's decision back now (before a save, or at the end)."""
-        if self._masked is not None:
-            pending, mask = self._masked
-            self._masked = None
-            pending.repair = mask.end()
+        """After Lightning's optimizer step: end the mask of the device path; with `flush`,
+        read the pending step's decision back now (before a save, or at the end) and settle
+        it."""
+        if self._judgement is not None:
+            self._judgement.end_update()
+            self._judgement = None
         if flush:
-            decision = self.guard.flush()
-            if decision is not None and self.stop_decision is None:
-                self._stop_on(decision, trainer)
+            self._settle_decision(self.guard.flush(), trainer)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.settle(trainer)
-
-    def _stop_on(self, decision: Decision, trainer: Any) -> None:
-        if decision.action in ("rollback", "halt"):
-            self.stop_decision = decision
-            trainer.should_stop = True
 
     # --- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -221,6 +269,25 @@ class TrainguardLightningCallback(Callback):
         else:
             _LoadedState(state_dict, step).load_latest(state)
         self.sampler.set_step(step)  # the resumed iterator starts at the restored step
+
+
+def check_strategy(strategy: Any) -> None:
+    """ConfigError for a strategy the guard cannot judge (checked in `setup`, before any step):
+    DeepSpeed keeps the gradients in its engine and steps the optimizer itself; FSDP (version
+    1) holds flat local shards whose norm is one rank's; the rest is untested. Guarded: one
+    device, DDP."""
+    why = None
+    if isinstance(strategy, DeepSpeedStrategy):
+        why = "DeepSpeed keeps the gradients inside its engine and steps the optimizer itself"
+    elif isinstance(strategy, FSDPStrategy):
+        why = "FSDP (version 1) holds flat local shards: the gradient norm would be one rank's"
+    elif not isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
+        why = f"the strategy {type(strategy).__name__} is untested with the guard"
+    if why is not None:
+        raise ConfigError(
+            f"TrainguardLightningCallback cannot guard this run: {why}",
+            "train on one device or with strategy='ddp', or without the callback (unguarded)",
+        )
 
 
 class VerifiedModelCheckpoint(ModelCheckpoint):
@@ -326,10 +393,5 @@ def fit(trainer: Any, model: Any, *, resume: bool = True, **fit_kwargs: Any) -> 
         stop.raise_if_halt()
         v = ckpt.newest_verified(trainer, cb.guard, at_most=stop.step)
         if v.folder is None:
-            raise RunHalted(
-                f"the guard asked for a rollback at step {stop.step} but no checkpoint under "
-                f"{ckpt.dirpath} verifies",
-                "save checkpoints more often so a good state is on disk, or lower the "
-                "learning rate",
-            )
+            raise no_checkpoint(stop.step, f"none under {ckpt.dirpath} verifies")
         path = str(v.folder / f"{CKPT_NAME}.ckpt")
