@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from trainguard.errors import ConfigError, RunHalted
 from trainguard.guard.config import GuardsConfig
 from trainguard.guard.core import Guard
-from trainguard.guard.core import core as guard_mod
+from trainguard.guard import core as guard_mod
 from trainguard.guard.detectors import synthetic as S
 from trainguard.guard.rerun import classify_rerun
 
