@@ -67,7 +67,7 @@ class DistributedConfig(StrictModel):
     """A rank is behind at a step when it arrives at the end of a phase (the collective it
     enters) later than the median of the other ranks by more than (1 - this) x the step time:
     0.5 means the others waited half the step for it (it doubled the step); 0.8, a fifth."""
-    straggler_steps: int = Field(3, ge=1)
+    straggler_steps: int = Field(5, ge=1)
     """Steps in a row a rank must be behind to be named (H202); as many in step re-arm it."""
     straggler_min_lag_s: float = Field(0.01, ge=0.0)
     """The least lag, in seconds, that counts as behind, however short the steps (scheduling

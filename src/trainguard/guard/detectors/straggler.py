@@ -146,6 +146,31 @@ def _others(values: list[float]) -> list[tuple[float, float]]:
     return [_med_mad(values[:r] + values[r + 1 :]) for r in range(len(values))]
 
 
+def _lags(cumulative: list[list[float]], floor: float) -> list[tuple[str, float, float] | None]:
+    """Per rank: (the phase it fell behind in, its largest lag, that lag's limit), or None when
+    no lag exceeds its limit. `cumulative[r][p]`: rank r's seconds up to the end of phase p."""
+    n, phases = len(cumulative), range(len(PHASES))
+    stats = [_others([c[p] for c in cumulative]) for p in phases]
+    out: list[tuple[str, float, float] | None] = [None] * n
+    for r in range(n):
+        lags = [cumulative[r][p] - stats[p][r][0] for p in phases]
+        limits = [max(floor, Z * MAD_SIGMA * stats[p][r][1]) for p in phases]
+        over = [p for p in phases if lags[p] > limits[p]]
+        if not over:
+            continue
+        worst = max(over, key=lags.__getitem__)
+        # The phase it fell behind in: where its lag grew most, up to the worst point.
+        grew = [lags[p] - (lags[p - 1] if p else 0.0) for p in range(worst + 1)]
+        phase = max(range(worst + 1), key=grew.__getitem__)
+        out[r] = (PHASES[phase], lags[worst], limits[worst])
+    return out
+
+
+def cpu_at(busy: list[list[float]], r: int, p: int) -> float:
+    """Rank r's CPU seconds up to the end of phase p, less the other ranks' median."""
+    return busy[r][p] - statistics.median(b[p] for i, b in enumerate(busy) if i != r)
+
+
 def step_lags(
     walls: list[list[float]],
     cpus: list[list[float]],
@@ -159,36 +184,27 @@ def step_lags(
     busy = [_cumulative(c) for c in cpus]
     step_s = statistics.median(a[-1] for a in arrive)
     floor = max(min_lag_s, (1.0 - threshold) * step_s)
-    # Per phase and rank: the median and MAD of the other ranks' arrivals and CPU seconds.
-    stats = [_others([a[p] for a in arrive]) for p in range(len(PHASES))]
-    cpu_stats = [_others([c[p] for c in cpus]) for p in range(len(PHASES))]
     out: list[Lag | None] = [None] * n
+    wall_lags = _lags(arrive, floor)
+    cpu_lags = _lags(busy, floor)
     for r in range(n):
-        lags = [arrive[r][p] - stats[p][r][0] for p in range(len(PHASES))]
-        limits = [max(floor, Z * MAD_SIGMA * stats[p][r][1]) for p in range(len(PHASES))]
-        over = [p for p in range(len(PHASES)) if lags[p] > limits[p]]
-        if over:
-            worst = max(over, key=lags.__getitem__)
-            # The phase it fell behind in: where its lag grew most, up to the worst point.
-            grew = [lags[p] - (lags[p - 1] if p else 0.0) for p in range(worst + 1)]
-            phase = max(range(worst + 1), key=grew.__getitem__)
-            busy_lag = busy[r][worst] - _others([b[worst] for b in busy])[r][0]
-            out[r] = Lag(PHASES[phase], lags[worst], max(busy_lag, 0.0), limits[worst], step_s)
-            continue
-        # CPU time alone, phase by phase: work inside the phase that holds the collective,
-        # where the others' wait equals it and the wall times agree.
-        for p in range(len(PHASES)):
-            med, mad = cpu_stats[p][r]
-            excess, limit = cpus[r][p] - med, max(floor, Z * MAD_SIGMA * mad)
-            if excess > limit and (out[r] is None or excess > out[r].seconds):  # type: ignore[union-attr]
-                out[r] = Lag(PHASES[p], excess, excess, limit, step_s)
+        # Arrival first (wall time: what the others wait for, whatever the rank did); the CPU
+        # time alone when the wall time hides it: work inside the phase that holds the
+        # collective, where the others' wait equals it and the wall times agree.
+        wall, cpu = wall_lags[r], cpu_lags[r]
+        if wall is not None:
+            p, seconds, limit = wall
+            busy_lag = max(0.0, cpu_at(busy, r, PHASE_INDEX[p]))
+            out[r] = Lag(p, seconds, busy_lag, limit, step_s)
+        if cpu is not None and (out[r] is None or cpu[1] > out[r].seconds):  # type: ignore[union-attr]
+            out[r] = Lag(cpu[0], cpu[1], cpu[1], cpu[2], step_s)
     return out
 
 
 class StragglerMonitor:
     code = "H202"
 
-    def __init__(self, threshold: float = 0.5, steps: int = 3, min_lag_s: float = 0.01) -> None:
+    def __init__(self, threshold: float = 0.5, steps: int = 5, min_lag_s: float = 0.01) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ValueError("threshold must be in (0, 1]")
         if steps < 1 or min_lag_s < 0:
