@@ -8,16 +8,17 @@ Two parts:
    git at BASELINE, fed with its 20-step interval sums as a run fed it). The model of a step:
    every rank begins together (the step barrier); its data, forward and backward compute take
    base times (a 20 ms step, a tiny model's; 10% / 40% / 40% / 10%) times a per-rank, per-step
-   jitter of 0.8-1.25; the all-reduce at the end of backward releases every rank when the last
-   one arrives (the others' backward wall time grows by their wait); then the optimizer. A
-   shared machine adds to each phase's wall time (not its CPU time) descheduling delays: with
-   `idle` 2% of phases get an exponential delay of mean 1 ms; with `load` 15% of mean 5 ms and
-   2% of mean 40 ms; with `heavy` 30% of mean 10 ms and 5% of mean 80 ms; and the CPU time
-   itself grows by up to 30% (`load`) or 60% (`heavy`), cache and memory contention. Faults, on
-   rank 1: `slow_from_0` and `slow_from_30` (its forward and backward compute 3x longer: busy),
-   `cpu_burn` (+20 ms of CPU in its forward from step 30), `sleep` (+20 ms asleep in its
-   forward from step 30: a device sync, a wait), `slow_loader` (+20 ms waiting in its data phase
-   from step 30). Each run has 120 steps; warm-up (the first 2 steps) is left out as a run
+   jitter of 0.8-1.25; the ranks leave the step barrier up to 0.5 ms apart; the all-reduce at
+   the end of backward releases every rank when the last one arrives (the others' backward wall
+   time grows by their wait); then the optimizer. A shared machine adds to each phase's wall
+   time (not its CPU time) descheduling delays, exponential: with `idle` 2% of phases get one
+   of mean 1 ms; with `load` 20% of mean 3 ms and 2% of mean 20 ms; with `heavy` 40% of mean
+   5 ms, 5% of mean 30 ms and 1% of mean 100 ms; and the CPU time itself grows by up to 30%
+   (`load`) or 60% (`heavy`): cache and memory contention. Faults, on rank 1 (fault runs under
+   `load`): `slow_from_0` and `slow_from_30` (its forward and backward compute 3x longer:
+   busy), `cpu_burn` (+40 ms of CPU in its forward from step 30), `sleep` (+40 ms asleep in
+   its forward from step 30: a device sync, a wait), `slow_loader` (+40 ms waiting in its data
+   phase from step 30). Each run has 120 steps; warm-up (the first 2 steps) is left out as a run
    leaves it out. Detection step: the step of the first H202 naming rank 1, counted from the
    fault's onset (from step 0 for `slow_from_0`); the finding is reported at the next gather,
    up to `straggler_interval - 1` steps later. False alarm: a run with an H202 naming any other
