@@ -120,10 +120,6 @@ class Lag:
     limit_s: float  # what it had to exceed
     step_s: float  # the step's wall time (median over the ranks)
 
-    @property
-    def kind(self) -> str:
-        return "busy" if self.busy_s >= 0.5 * self.seconds else "waiting"
-
 
 def _cumulative(x: list[float]) -> list[float]:
     out, total = [], 0.0
@@ -146,12 +142,15 @@ def _others(values: list[float]) -> list[tuple[float, float]]:
     return [_med_mad(values[:r] + values[r + 1 :]) for r in range(len(values))]
 
 
-def _lags(cumulative: list[list[float]], floor: float) -> list[tuple[str, float, float] | None]:
-    """Per rank: (the phase it fell behind in, its largest lag, that lag's limit), or None when
-    no lag exceeds its limit. `cumulative[r][p]`: rank r's seconds up to the end of phase p."""
+def _lags(
+    cumulative: list[list[float]], floor: float
+) -> list[tuple[int, int, float, float] | None]:
+    """Per rank: (the phase it fell behind in, the phase of its largest lag, that lag, its
+    limit), or None when no lag exceeds its limit. `cumulative[r][p]`: rank r's seconds up to
+    the end of phase p."""
     n, phases = len(cumulative), range(len(PHASES))
     stats = [_others([c[p] for c in cumulative]) for p in phases]
-    out: list[tuple[str, float, float] | None] = [None] * n
+    out: list[tuple[int, int, float, float] | None] = [None] * n
     for r in range(n):
         lags = [cumulative[r][p] - stats[p][r][0] for p in phases]
         limits = [max(floor, Z * MAD_SIGMA * stats[p][r][1]) for p in phases]
@@ -162,7 +161,7 @@ def _lags(cumulative: list[list[float]], floor: float) -> list[tuple[str, float,
         # The phase it fell behind in: where its lag grew most, up to the worst point.
         grew = [lags[p] - (lags[p - 1] if p else 0.0) for p in range(worst + 1)]
         phase = max(range(worst + 1), key=grew.__getitem__)
-        out[r] = (PHASES[phase], lags[worst], limits[worst])
+        out[r] = (phase, worst, lags[worst], limits[worst])
     return out
 
 
@@ -193,11 +192,12 @@ def step_lags(
         # collective, where the others' wait equals it and the wall times agree.
         wall, cpu = wall_lags[r], cpu_lags[r]
         if wall is not None:
-            p, seconds, limit = wall
-            busy_lag = max(0.0, cpu_at(busy, r, PHASE_INDEX[p]))
-            out[r] = Lag(p, seconds, busy_lag, limit, step_s)
-        if cpu is not None and (out[r] is None or cpu[1] > out[r].seconds):  # type: ignore[union-attr]
-            out[r] = Lag(cpu[0], cpu[1], cpu[1], cpu[2], step_s)
+            phase, worst, seconds, limit = wall
+            busy_lag = max(0.0, cpu_at(busy, r, worst))  # of the lag, the CPU seconds
+            out[r] = Lag(PHASES[phase], seconds, busy_lag, limit, step_s)
+        if cpu is not None and (out[r] is None or cpu[2] > out[r].seconds):  # type: ignore[union-attr]
+            phase, _, seconds, limit = cpu
+            out[r] = Lag(PHASES[phase], seconds, seconds, limit, step_s)
     return out
 
 
