@@ -45,13 +45,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from trainguard.findings import Finding
 
 PHASES = ("data", "forward", "backward", "optimizer")
 PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
 MAD_SIGMA = 1.4826  # MAD x this estimates the standard deviation of normal noise
 Z = 4.0  # lags beyond this many robust standard deviations of the other ranks' arrivals
-EXACT_RANKS = 64  # up to here the other ranks' median and MAD leave each rank out exactly
+EXACT_RANKS = 16  # up to here the other ranks' median and MAD leave each rank out exactly
 
 
 class PhaseTimer:
@@ -121,53 +123,34 @@ class Lag:
     step_s: float  # the step's wall time (median over the ranks)
 
 
-def _cumulative(x: list[float]) -> list[float]:
-    out, total = [], 0.0
-    for v in x:
-        total += v
-        out.append(total)
-    return out
+def _others(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank and phase, the median and MAD of every other rank's value (`x`: ranks x
+    phases; for many ranks, of all: a rank's own weight in them is then negligible)."""
+    n = len(x)
+    if n > EXACT_RANKS:
+        med = np.median(x, axis=0)
+        mad = np.median(np.abs(x - med), axis=0)
+        return np.broadcast_to(med, x.shape), np.broadcast_to(mad, x.shape)
+    rest = np.stack([np.delete(x, r, axis=0) for r in range(n)])  # ranks x others x phases
+    med = np.median(rest, axis=1)
+    return med, np.median(np.abs(rest - med[:, None, :]), axis=1)
 
 
-def _med_mad(values: list[float]) -> tuple[float, float]:
-    med = statistics.median(values)
-    return med, statistics.median(abs(v - med) for v in values)
-
-
-def _others(values: list[float]) -> list[tuple[float, float]]:
-    """Per rank, the median and MAD of every other rank's value (for many ranks: of all, a
-    rank's own weight in them is then negligible)."""
-    if len(values) > EXACT_RANKS:
-        return [_med_mad(values)] * len(values)
-    return [_med_mad(values[:r] + values[r + 1 :]) for r in range(len(values))]
-
-
-def _lags(
-    cumulative: list[list[float]], floor: float
-) -> list[tuple[int, int, float, float] | None]:
-    """Per rank: (the phase it fell behind in, the phase of its largest lag, that lag, its
-    limit), or None when no lag exceeds its limit. `cumulative[r][p]`: rank r's seconds up to
-    the end of phase p."""
-    n, phases = len(cumulative), range(len(PHASES))
-    stats = [_others([c[p] for c in cumulative]) for p in phases]
-    out: list[tuple[int, int, float, float] | None] = [None] * n
-    for r in range(n):
-        lags = [cumulative[r][p] - stats[p][r][0] for p in phases]
-        limits = [max(floor, Z * MAD_SIGMA * stats[p][r][1]) for p in phases]
-        over = [p for p in phases if lags[p] > limits[p]]
-        if not over:
-            continue
-        worst = max(over, key=lags.__getitem__)
+def _lags(cumulative: np.ndarray, floor: float) -> dict[int, tuple[int, int, float, float]]:
+    """The ranks with a lag over its limit: {rank: (the phase it fell behind in, the phase of
+    its largest lag, that lag, its limit)}. `cumulative[r, p]`: rank r's seconds up to the end
+    of phase p."""
+    med, mad = _others(cumulative)
+    lags = cumulative - med
+    limits = np.maximum(floor, Z * MAD_SIGMA * mad)
+    over = lags > limits
+    out = {}
+    for r in np.flatnonzero(over.any(axis=1)):
+        worst = int(np.argmax(np.where(over[r], lags[r], -np.inf)))
         # The phase it fell behind in: where its lag grew most, up to the worst point.
-        grew = [lags[p] - (lags[p - 1] if p else 0.0) for p in range(worst + 1)]
-        phase = max(range(worst + 1), key=grew.__getitem__)
-        out[r] = (phase, worst, lags[worst], limits[worst])
+        grew = np.diff(lags[r, : worst + 1], prepend=0.0)
+        out[int(r)] = (int(np.argmax(grew)), worst, float(lags[r, worst]), float(limits[r, worst]))
     return out
-
-
-def cpu_at(busy: list[list[float]], r: int, p: int) -> float:
-    """Rank r's CPU seconds up to the end of phase p, less the other ranks' median."""
-    return busy[r][p] - statistics.median(b[p] for i, b in enumerate(busy) if i != r)
 
 
 def step_lags(
@@ -178,25 +161,22 @@ def step_lags(
 ) -> list[Lag | None]:
     """Per rank, its lag at one step if it was behind, else None. `walls[r]` and `cpus[r]`:
     rank r's seconds per phase (PHASES order)."""
-    n = len(walls)
-    arrive = [_cumulative(w) for w in walls]
-    busy = [_cumulative(c) for c in cpus]
-    step_s = statistics.median(a[-1] for a in arrive)
+    arrive = np.cumsum(np.asarray(walls, dtype=float), axis=1)
+    busy = np.cumsum(np.asarray(cpus, dtype=float), axis=1)
+    step_s = float(np.median(arrive[:, -1]))
     floor = max(min_lag_s, (1.0 - threshold) * step_s)
-    out: list[Lag | None] = [None] * n
-    wall_lags = _lags(arrive, floor)
+    out: list[Lag | None] = [None] * len(walls)
     cpu_lags = _lags(busy, floor)
-    for r in range(n):
-        # Arrival first (wall time: what the others wait for, whatever the rank did); the CPU
-        # time alone when the wall time hides it: work inside the phase that holds the
+    for r, (phase, worst, seconds, limit) in _lags(arrive, floor).items():
+        # Arrival first (wall time: what the others wait for, whatever the rank did); of the
+        # lag, the CPU seconds say busy or waiting.
+        busy_lag = busy[r, worst] - np.median(np.delete(busy[:, worst], r))
+        out[r] = Lag(PHASES[phase], seconds, max(0.0, float(busy_lag)), limit, step_s)
+    for r, (phase, _, seconds, limit) in cpu_lags.items():
+        # CPU time alone when the wall time hides it: work inside the phase that holds the
         # collective, where the others' wait equals it and the wall times agree.
-        wall, cpu = wall_lags[r], cpu_lags[r]
-        if wall is not None:
-            phase, worst, seconds, limit = wall
-            busy_lag = max(0.0, cpu_at(busy, r, worst))  # of the lag, the CPU seconds
-            out[r] = Lag(PHASES[phase], seconds, busy_lag, limit, step_s)
-        if cpu is not None and (out[r] is None or cpu[2] > out[r].seconds):  # type: ignore[union-attr]
-            phase, _, seconds, limit = cpu
+        lag = out[r]
+        if lag is None or seconds > lag.seconds:
             out[r] = Lag(PHASES[phase], seconds, seconds, limit, step_s)
     return out
 
