@@ -20,9 +20,9 @@ other ranks. A rank slow in its data or forward phase has a lag there; the ranks
 for it have none (they arrive at the end of backward together with it, where the all-reduce
 ends). Wall time counts everything: computing, sleeping, waiting on storage, blocking on a
 device sync. CPU time is the second signal, the same sums of `thread_time`: it says whether the
-lag was spent *busy* (a slow chip, a noisy neighbour's CPU) or *waiting* (storage, a device, a
-sleep), and it alone catches work spent inside the phase that holds the collective (the others'
-wait hides it from the wall time there).
+lag was spent *busy* (a third of it or more CPU time: a slow chip, a noisy neighbour's CPU) or
+*waiting* (storage, a device, a sleep), and it alone catches work spent inside the phase that
+holds the collective (the others' wait hides it from the wall time there).
 
 A rank is behind at a step when its lag at some phase exceeds every one of
 
@@ -245,7 +245,9 @@ class StragglerMonitor:
         behind = statistics.median(x.seconds for x in run)
         busy = statistics.median(x.busy_s for x in run)
         step_s = statistics.median(x.step_s for x in run)
-        kind = "busy" if busy >= 0.5 * behind else "waiting"
+        # Busy when CPU time is a third of the lag or more: on a loaded host a computing rank
+        # also waits for a core (a 30 ms burn took 64 ms at load average 10 here).
+        kind = "busy" if busy >= behind / 3 else "waiting"
         score = max(0.0, 1.0 - behind / step_s) if step_s > 0 else 0.0
         why = (
             "it computes slower: a slow or throttled chip, a busy neighbour"
