@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "bench_distributed": ["--steps", "10", "--skip", "2", "--rounds", "1"],
     "bench_wave": ["--seeds", "5"],
     "bench_long_wave": ["--seeds", "3", "--fa-seeds", "3"],
+    "bench_stragglers": ["--seeds", "5", "--ranks", "2", "--real", "0"],
     "bench_restart": ["--rounds", "1"],
     "bench_ablate": ["--seeds", "2", "--steps", "10"],
 }

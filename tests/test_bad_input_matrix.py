@@ -185,6 +185,17 @@ ROWS = [
         *("run", "{tiny}", "--set", "distributed.derive_timeouts=1"),
         says=("derive_timeouts", "bool"),
     ),
+    # issue 23: stragglers (the new distributed keys, strictly typed)
+    row(
+        "run-straggler-steps-zero",
+        *("run", "{tiny}", "--set", "distributed.straggler_steps=0"),
+        says=("straggler_steps", "greater than or equal to 1"),
+    ),
+    row(
+        "run-straggler-min-lag-negative",
+        *("run", "{tiny}", "--set", "distributed.straggler_min_lag_s=-0.1"),
+        says=("straggler_min_lag_s", "greater than or equal to 0"),
+    ),
     # issue 26: ckptio (a link where the run writes its own file: refused, its target unchanged)
     row(
         "run-metrics-jsonl-is-a-symlink",

@@ -12,9 +12,9 @@ import torch
 from pydantic import ValidationError
 
 from trainguard.errors import ConfigError, RunHalted
+from trainguard.guard import core as guard_mod
 from trainguard.guard.config import GuardsConfig
 from trainguard.guard.core import Guard
-from trainguard.guard import core as guard_mod
 from trainguard.guard.detectors import synthetic as S
 from trainguard.guard.rerun import classify_rerun
 

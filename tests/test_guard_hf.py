@@ -601,11 +601,14 @@ def _ddp_worker(rank: int, tmp: Path, port: int, hang_at: int | None = None) -> 
         remove_unused_columns=False, ddp_backend="gloo", ddp_find_unused_parameters=False,
     )  # fmt: skip
     assert args.world_size == 2  # sets up the process group the guard's part needs
-    # Timings gathered every 2 steps; with hang_at, short timeouts so the hang is named soon.
+    # Timings gathered every 2 steps, a straggler named after 2 steps behind (the run is short);
+    # with hang_at, short timeouts so the hang is named soon.
     hang = {"collective_timeout_s": 5, "hang_timeout_s": 5} if hang_at is not None else {}
     guard = Guard(
         run_dir=tmp / f"rank{rank}", config=WARMUP,
-        distributed=DistributedConfig(replica_check_interval=2, straggler_interval=2, **hang),
+        distributed=DistributedConfig(
+            replica_check_interval=2, straggler_interval=2, straggler_steps=2, **hang
+        ),
     )  # fmt: skip
     torch.manual_seed(0)
     config = transformers.GPT2Config(
@@ -659,12 +662,12 @@ def test_ddp_ranks_agree_roll_back_a_corrupted_replica_and_name_a_straggler(
     rows = _guard_rows(tmp_path, 1)
     (h201,) = [r for r in rows if r.get("code") == "H201"]  # two replicas: no majority
     assert h201["step"] == 6 and h201["data"]["replica_set"] == [0, 1]
-    # Rank 1 is slow from step 7 (after the rollback): the interval of steps 7-8 names it, on
-    # both ranks, once; rank 0, which also saves the checkpoints, is never named.
+    # Rank 1 is slow from step 7 (after the rollback): behind in steps 7 and 8, named at 8, on
+    # both ranks, once, as busy; rank 0, which also saves the checkpoints, is never named.
     for rank in (0, 1):
         h202 = [r for r in _guard_rows(tmp_path, rank) if r.get("code") == "H202"]
         assert [(r["rank"], r["step"]) for r in h202] == [(1, 8)], h202
-        assert h202[0]["data"]["score_vs_fastest"] < 0.5
+        assert h202[0]["data"]["score"] < 0.5 and h202[0]["data"]["kind"] == "busy"
 
 
 @pytest.mark.slow  # a hang waits out two timeouts; the straggler above runs by default

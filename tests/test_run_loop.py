@@ -313,9 +313,10 @@ def test_distributed_guard_state_travels_in_a_run_checkpoint(tmp_path: Path) -> 
     """Straggler windows and the replica rollback count are in trainer.json's guard state."""
     part = DistributedGuards(group=None)
     part.replica_rollbacks = 2
-    timing = {"data": 0.1, "fwd_bwd": 0.7, "optimizer": 0.2, "comm": 0.0, "steps": 4}
-    for k in range(4):
-        part.stragglers.update(k, [timing, timing], ["a", "b"])
+    for step in range(2):  # rank 1 behind in two steps: one more and it is named
+        walls = [[0.01, 0.05, 0.3, 0.01], [0.01, 0.3, 0.05, 0.01]]  # rank 0 waits in backward
+        cpus = [[0.01, 0.05, 0.05, 0.01], [0.01, 0.3, 0.05, 0.01]]
+        assert part.stragglers.observe(step, walls, cpus, ["a", "b"]) == []
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     sampler = ElasticSampler(40, global_batch_size=4, seed=0)
@@ -328,6 +329,7 @@ def test_distributed_guard_state_travels_in_a_run_checkpoint(tmp_path: Path) -> 
     assert checkpointer.load_latest(state) == 1
     assert restored.distributed is not None and restored.distributed.replica_rollbacks == 2
     assert restored.distributed.stragglers.state_dict() == part.stragglers.state_dict()
+    assert restored.distributed.stragglers.behind.keys() == {1}
 
 
 # -- pre-flight on the data: chunked ---------------------------------------------------------------

@@ -63,24 +63,34 @@ register(
     ),
     Code(
         code="H202",
-        title="Straggler: one rank computes much slower than the others",
+        title="Straggler: the other ranks wait for one rank",
         severity="warning",
-        catches="Every `distributed.straggler_interval` steps the ranks gather their phase "
-        "timings (data, forward and backward, optimizer: busy CPU time of the training thread; "
-        "communication: the wall time spent waiting). A rank is named when its busy time per "
-        "step scores below `distributed.straggler_threshold` both against the fastest rank "
-        "(fastest / its own) and against its own history (its median over earlier intervals / "
-        "now).",
+        catches="Every step each rank times its phases (data, forward, backward, optimizer): "
+        "wall time and the training thread's CPU time. Every `distributed.straggler_interval` "
+        "steps the ranks gather them and compare the ranks at each step: a rank's arrival at "
+        "the end of a phase (its wall time since the step began, up to the collective the "
+        "phase ends in) against the median of the other ranks. A rank is behind when it "
+        "arrives later by more than `distributed.straggler_min_lag_s`, (1 - "
+        "`distributed.straggler_threshold`) x the step time and 4 robust standard deviations "
+        "of the others; CPU time compared the same way catches work the others' wait hides. "
+        "Behind in `distributed.straggler_steps` steps in a row: named, with its host, the "
+        "phase, the seconds behind the median and whether it was busy (CPU time) or waiting "
+        "(sleep, storage, a device sync). From the first steps after warm-up: a rank slow from "
+        "the start is named like one that became slow.",
         why="Data parallelism runs at the pace of the slowest rank: one throttled or failing "
-        "chip slows every step of every rank, and the others only show it as time waiting in "
-        "the all-reduce.",
-        fix="Check the named host (thermal throttling, a failing device, a noisy neighbour, a "
-        "slow data path): `trainguard doctor` on the job's nodes (under the same torchrun) "
-        "names a slow or throttled rank against the others; restart the job without it if it "
-        "persists.",
-        false_positives="A rank that legitimately does more work (uneven data on the last "
-        "batch, a rank that also writes checkpoints or logs). On GPUs the busy time of the "
-        "Python thread is not the device time; the scores there say less.",
+        "chip, slow storage or a busy neighbour slows every step of every rank, and the others "
+        "only show it as time waiting in the all-reduce.",
+        fix="Check the named host and phase: `busy` points at the chip (thermal throttling, a "
+        "failing device, a noisy neighbour's CPU), `waiting` at what it waits on (storage or "
+        "the data loader in the data phase, a device sync, the network). `trainguard doctor` on "
+        "the job's nodes (under the same torchrun) names a slow or throttled rank against the "
+        "others; restart the job without it if it persists.",
+        false_positives="A rank that legitimately does more work inside the timed phases "
+        "(uneven data on the last batch, logging or writing on one rank only: put that outside "
+        "the phases). On GPUs the CPU time is the host side only; the wall-time arrival still "
+        "counts the device work the loop waits for. Slowness inside the phase that holds the "
+        "collective, before it, is seen only as CPU time: a rank that sleeps there is hidden by "
+        "the others' wait.",
         references=("Megatron-LM straggler detector", "Wu et al. 2024, FALCON: stragglers"),
     ),
     Code(

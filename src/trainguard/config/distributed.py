@@ -59,15 +59,22 @@ class DistributedConfig(StrictModel):
     replica_check_optimizer: bool = False
     """Also hash the optimizer state (AdamW moments, Muon momentum) in the replica check:
     stricter, slower."""
-    straggler_interval: int = Field(20, ge=0)
-    """Gather per-rank phase timings every this many steps and score stragglers (H202); 0
-    disables it."""
+    straggler_interval: int = Field(5, ge=0)
+    """Gather every rank's per-step phase timings every this many steps and score each step
+    for stragglers (H202); 0 disables it. A straggler is named at the step it is found, and
+    reported at the next gather."""
     straggler_threshold: float = Field(0.5, gt=0.0, le=1.0)
-    """A rank is a straggler when both its score against the fastest rank (fastest busy time /
-    its busy time) and against its own history (its median busy time / now) fall below this:
-    0.5 means twice as slow as the fastest rank and as itself before."""
+    """A rank is behind at a step when it arrives at the end of a phase (the collective it
+    enters) later than the median of the other ranks by more than (1 - this) x the step time:
+    0.5 means the others waited half the step for it (it doubled the step); 0.8, a fifth."""
+    straggler_steps: int = Field(5, ge=1)
+    """Steps in a row a rank must be behind to be named (H202); as many in step re-arm it."""
+    straggler_min_lag_s: float = Field(0.01, ge=0.0)
+    """The least lag, in seconds, that counts as behind, however short the steps (scheduling
+    noise on a shared host)."""
     straggler_history: int = Field(8, ge=1)
-    """Intervals of a rank's own busy times its history median is taken over."""
+    """Unused since stragglers are found by comparing the ranks at each step, not a rank with
+    its own past; accepted so that recipes that set it still load."""
     fp32_reduce: bool = True
     """With train.precision=bf16, all-reduce gradients with fp32 accumulation (numerics'
     `fp32_accumulate_hook`): no swamping bias in the sum at any world size (N101)."""

@@ -56,6 +56,8 @@ OPERATIONAL_KEYS: tuple[str, ...] = (
     "distributed.straggler_interval",
     "distributed.straggler_threshold",
     "distributed.straggler_history",
+    "distributed.straggler_steps",
+    "distributed.straggler_min_lag_s",
     # How long a collective may wait before it is called hung: never what a step computes.
     "distributed.derive_timeouts",
     "distributed.timeout_factor",

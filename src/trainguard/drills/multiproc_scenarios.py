@@ -143,7 +143,7 @@ def straggler(ctx: DrillContext) -> DrillRow:
     first = min((f["step"] for f in named), default=None)
     row.steps_to_detect = None if first is None else first - fault_step
     action, row.steps_lost = actions_taken(out)
-    score = named[0].get("data", {}).get("score_vs_fastest") if named else None
+    score = named[0].get("data", {}).get("score") if named else None
     who = f"{_who(named[0])} named" if named else "nobody named"
     row.action = f"reported: {who}" + (f", score {score:.2f}" if score is not None else "")
     row.action += "; training went on" + (f"; {action}" if action else "")

@@ -139,6 +139,7 @@ class TrainguardLightningCallback(Callback):
         self.sampler.set_step(0)  # a fresh fit; a restored checkpoint moves it (load_state_dict)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self.mark("backward")  # the all-reduce ends in here: the others' wait, not a lag
         loss = loss.detach()
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and scaler.is_enabled():  # fp16: the loss arrives scaled
@@ -148,6 +149,7 @@ class TrainguardLightningCallback(Callback):
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
+        self.mark("forward")  # the batch is fetched: a slow loader shows in the data phase (H202)
         # Each step's micro-batches, replayed when the guard asks for a rerun (R205/R206).
         self._inputs.record(trainer.global_step, batch, batch_idx)
 

@@ -42,7 +42,7 @@ from trainguard.config.distributed import DistributedConfig
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.guard.decision import Decision
-from trainguard.guard.detectors.straggler import PhaseTimer, StragglerMonitor
+from trainguard.guard.detectors.straggler import PhaseTimer, StragglerMonitor, summary
 from trainguard.guard.distributed.group import MonitorGroup
 from trainguard.guard.distributed.group_timeouts import GroupTimeouts
 from trainguard.guard.distributed.hang import (
@@ -90,12 +90,14 @@ class DistributedGuards:
         self.agree_metrics = agree_metrics
         self.timer = PhaseTimer()
         self.stragglers = StragglerMonitor(
-            self.config.straggler_threshold, self.config.straggler_history
+            self.config.straggler_threshold,
+            self.config.straggler_steps,
+            self.config.straggler_min_lag_s,
         )
         self.replica_rollbacks = 0
         self.steps_run = 0  # by this process: warm-up counts from the (re)start
         self.phase_name = "startup"
-        self.last_timings: list[dict[str, float]] | None = None
+        self.last_timings: list[dict[str, Any]] | None = None  # per rank, summed per phase
         self._phases_marked = False
         self._told_no_replicas = False
         self._sigterm = SigtermStackDump(self.run_dir, self.rank) if self.active else None
@@ -228,7 +230,7 @@ class DistributedGuards:
         replica rollback; past `max_rollbacks`, `replica_limit_reached` is true."""
         if not self.active:
             return []
-        self.timer.end_step()
+        self._end_timed_step(step)
         k = self.config.replica_check_interval
         if k == 0 or not (step % k == 0 or checkpoint_due):
             return []
@@ -260,10 +262,12 @@ class DistributedGuards:
 
     def after_step(self, step: int) -> list[Finding]:
         """At the step boundary: warm-up, straggler scores every `straggler_interval` steps
-        (the gathered timings are kept in `last_timings`), the monitored barrier."""
+        (the gathered timings are kept in `last_timings`, summed per rank), the monitored
+        barrier."""
         self.last_timings = None
         if not self.active:
             return []
+        self._end_timed_step(step)  # a loop that called no after_update (no model given)
         self.steps_run += 1
         if self.warm:  # warm-up steps (compiling, the first data) are no step times
             self.timeouts.step_boundary(time.monotonic())
@@ -271,15 +275,21 @@ class DistributedGuards:
         k = self.config.straggler_interval
         if k and step % k == 0:
             assert self.group is not None
-            timing = self.timer.take()
-            self.last_timings = self.guarded(step, self.group.all_gather_object, timing)
-            found = self.stragglers.update(step, self.last_timings, self.group.hosts)
+            records = self.guarded(step, self.group.all_gather_object, self.timer.take())
+            self.last_timings = [summary(r) for r in records]
+            found = self.stragglers.update(records, self.group.hosts)
         if self.warm and self.config.step_barrier:
             self.barrier(step, self.hang_timeout_s())
         if not self._phases_marked:
-            # A loop that marks no phases: the whole next step counts as busy time.
+            # A loop that marks no phases: the whole next step is timed as its forward phase.
             self.timer.mark("forward")
         return found
+
+    def _end_timed_step(self, step: int) -> None:
+        """Close the step's phase timings. Only steps that began after warm-up are kept: the
+        ranks then begin each step together (the step barrier), so their arrivals compare;
+        the warm-up steps' compiling and first data are no straggling."""
+        self.timer.end_step(step, keep=self.steps_run >= self.config.warmup_steps)
 
     def end_step(
         self,
