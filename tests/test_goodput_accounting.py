@@ -152,3 +152,38 @@ def test_a_run_killed_twice_reports_the_steps_it_redid_and_its_restarts(
     assert g["seconds"]["restart"] == pytest.approx(sum(r["restart_s"] for r in g["restarts"]))
     assert g["seconds"]["redone"] > 0 and g["seconds"]["checkpoint"] > 0
     assert 0 < g["goodput"] < 1
+
+
+def test_plan_reads_the_restart_and_write_times_of_a_run_record(tmp_path: Path) -> None:
+    """`trainguard plan --run` took the restart and the write time from flags only; a record
+    with timing rows holds both (medians of the restarts and of the saves)."""
+    from typer.testing import CliRunner
+
+    from trainguard.cli import app
+
+    t = 1000.0
+    rows = [
+        {"kind": "event", "step": 0, "event": "start", "env": {"world_size": 1}},
+        _attempt(t),
+        _step(1, t + 3),
+        _step(2, t + 4),
+        {"kind": "timing", "what": "checkpoint", "step": 2, "seconds": 0.5, "time": t + 4.5},
+        {"kind": "timing", "what": "write", "step": 2, "seconds": 2.0},
+        _step(3, t + 5.5),
+        # killed after step 3 (last record t + 5.5), relaunched at t + 8, first step at t + 10
+        _attempt(t + 8, resumed=2, lost={"steps": 1, "until": t + 5.5}),
+        _step(3, t + 11),
+        _step(4, t + 12),
+        {"kind": "timing", "what": "checkpoint", "step": 4, "seconds": 0.25, "time": t + 12.25},
+        {"kind": "timing", "what": "write", "step": 4, "seconds": 3.0},
+    ]
+    (tmp_path / "recipe.yaml").write_text("checkpoint:\n  interval: 2\n")
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = CliRunner().invoke(app, ["plan", "--run", str(tmp_path), "--gpus", "64", "--json"])
+    assert res.exit_code == 0, res.output
+    inputs = json.loads(res.output)["inputs"]
+    assert inputs["restart_s"]["source"] == "run"
+    assert inputs["restart_s"]["value"] == pytest.approx(10 - 5.5)
+    assert inputs["checkpoint_write_s"]["source"] == "run"
+    assert inputs["checkpoint_write_s"]["value"] == pytest.approx(2.5)
+    assert inputs["checkpoint_stall_s"]["value"] == pytest.approx(0.375)
