@@ -187,3 +187,14 @@ def test_plan_reads_the_restart_and_write_times_of_a_run_record(tmp_path: Path) 
     assert inputs["checkpoint_write_s"]["source"] == "run"
     assert inputs["checkpoint_write_s"]["value"] == pytest.approx(2.5)
     assert inputs["checkpoint_stall_s"]["value"] == pytest.approx(0.375)
+
+
+def test_the_report_shows_the_goodput_bar_and_its_shares(tiny_run_copy: Path) -> None:
+    from trainguard.report.build import write_report
+
+    html, md = write_report(tiny_run_copy)
+    page = html.read_text()
+    assert '<img alt="goodput" src="data:image/png;base64,' in page
+    assert "## Goodput" in md.read_text()
+    shares = account_run(tiny_run_copy).to_dict()["shares"]
+    assert f"{shares['productive']:.1%}" in page
