@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from trainguard.cli.common import console, emit
+from trainguard.errors import BadInputError
 from trainguard.util.atomic import atomic_write_text, check_writable
 from trainguard.util.paths import refuse_overwrite
 
@@ -60,6 +61,35 @@ def register(app: typer.Typer) -> None:
         markdown: Annotated[
             Path | None, typer.Option("--markdown", help="Also write the matrix as markdown.")
         ] = None,
+        chaos: Annotated[
+            str | None,
+            typer.Option(
+                "--chaos",
+                help="A soak of DURATION (90s, 10m, 2h): rounds of one run under seeded random "
+                "faults, relaunched after each, compared with a run without them "
+                "(docs/drills.md, Chaos soak).",
+            ),
+        ] = None,
+        seed: Annotated[
+            int, typer.Option("--seed", min=0, help="--chaos: the fault schedule's seed.")
+        ] = 0,
+        faults: Annotated[
+            int, typer.Option("--faults", min=1, help="--chaos: faults in each round.")
+        ] = 3,
+        fault_kind: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--fault-kind",
+                help="--chaos: the kinds to draw from (repeatable or comma-separated): kill, "
+                "corrupt, hang, nan. Default: all.",
+            ),
+        ] = None,
+        plot: Annotated[
+            Path | None,
+            typer.Option(
+                "--plot", help="--chaos: the timeline PNG (default: WORKDIR/chaos_timeline.png)."
+            ),
+        ] = None,
     ) -> None:
         """Fire drills: a clean run and one run per fault (NaN batch, loss spike, SIGKILL
         mid-step and mid-checkpoint, corrupted checkpoint, hang, bit flips in a weight's
@@ -75,7 +105,35 @@ def register(app: typer.Typer) -> None:
         from trainguard.drills.scenarios import run_drills
 
         recipe_file = recipe if Path(recipe).is_file() else None
-        refuse_overwrite({"--markdown": markdown, "--workdir": workdir}, {"--recipe": recipe_file})
+        refuse_overwrite(
+            {"--markdown": markdown, "--workdir": workdir, "--plot": plot},
+            {"--recipe": recipe_file},
+        )
+        if chaos is not None:
+            from trainguard.cli.drill_chaos import run_chaos_command
+
+            if only or markdown is not None or jobs != 1:
+                raise BadInputError(
+                    "--only, --markdown and --jobs are for the drill matrix, not --chaos",
+                    "drop them: a chaos soak runs one process at a time and draws its faults "
+                    "(--fault-kind, --faults, --seed)",
+                )
+            run_chaos_command(
+                chaos=chaos,
+                seed=seed,
+                faults=faults,
+                kinds=fault_kind,
+                ctx_args={"recipe": recipe, "overrides": list(overrides or []), "steps": steps},
+                workdir=workdir,
+                keep=keep,
+                plot=plot,
+                as_json=as_json,
+            )
+        if plot is not None or fault_kind or seed or faults != 3:
+            raise BadInputError(
+                "--plot, --fault-kind, --faults and --seed are for --chaos",
+                "add --chaos DURATION for a soak, or drop them",
+            )
         if markdown is not None:
             check_writable(markdown)  # now, not after an hour of drills
         folder = workdir or Path(tempfile.mkdtemp(prefix="tg-drill-"))
