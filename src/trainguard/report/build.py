@@ -166,8 +166,8 @@ def _use_case(info: dict[str, Any]) -> dict[str, Any] | None:
 
 def _goodput(info: dict[str, Any]) -> dict[str, Any] | None:
     """The goodput bar and its shares (docs/goodput.md), None for a log without timed steps."""
-    g = info["goodput"]
-    if not g["wall_s"]:
+    g = info.get("goodput")
+    if not g or not g["wall_s"]:
         return None
     shares = [(k, f"{v:.1%}", f"{g['seconds'][k]:.2f}") for k, v in g["shares"].items()]
     return {"plot": _data_uri(plots.goodput_plot(g)), "shares": shares, "goodput": g["goodput"]}
@@ -251,8 +251,8 @@ def render_markdown(info: dict[str, Any]) -> str:
     if info["skipped"]:
         lines += ["", "## Log lines skipped", ""]
         lines += [f"- {_md(line)}" for line in info["skipped"]]
-    g = info["goodput"]
-    if g["wall_s"]:
+    g = info.get("goodput")
+    if g and g["wall_s"]:
         lines += ["", "## Goodput", "", "| | share | seconds |", "|---|---|---|"]
         lines += [f"| {k} | {v:.1%} | {g['seconds'][k]:.2f} |" for k, v in g["shares"].items()]
     lines += ["", "## Checkpoints", ""]

@@ -44,8 +44,10 @@ class GoodputCallback(Callback):
         self.open: tuple[str, float, float] | None = None  # phase, perf start, wall start
         self.copy_wait = 0.0
         self.saves: dict[int, float] = {}  # checkpoint step -> wall time its save began
+        self.joined = False  # pre_train ran: a run refused before it writes nothing here
 
     def pre_train(self, ctx: RunContext) -> None:
+        self.joined = True
         if not ctx.is_main:
             return
         rows = read_metrics(ctx.run_dir)
@@ -79,6 +81,8 @@ class GoodputCallback(Callback):
         ctx.metrics.write(acc.write_row(step, max(0.0, manifest.stat().st_mtime - began)))
 
     def close(self, ctx: RunContext) -> None:
+        if not self.joined:
+            return
         self._close_phase(ctx)
         if ctx.is_main:
             ctx.metrics.write(acc.end_row(ctx.step, time.time()))
