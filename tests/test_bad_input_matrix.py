@@ -1232,6 +1232,16 @@ ROWS = [
         "drill-plot-without-chaos", *("drill", *DRILL, *DRILL_DIR, "--seed", "3"), says=("--chaos",)
     ),
     row(
+        "drill-chaos-rank-fault-in-one-process",
+        *(*CHAOS, "10s", "--fault-kind", "hung_rank"),
+        says=("hung_rank", "several processes", "--nproc 2"),
+    ),
+    row(
+        "drill-chaos-nproc-above-the-cores",
+        *(*CHAOS, "10s", "--nproc", "100000"),
+        says=("--nproc 100000", "CPU core", "nothing was started"),
+    ),
+    row(
         "drill-chaos-plot-is-recipe",
         *(*CHAOS, "10s", "--plot", "{tiny}"),
         says=("is the input",),

@@ -97,3 +97,16 @@ def test_a_short_soak_loses_nothing(small_corpus: Path, cache_dir: Path, tmp_pat
     assert g["redone_steps"] == 1 + 8 and len(g["restarts"]) == 2
     assert sum(g["seconds"].values()) == pytest.approx(g["wall_s"])
     assert Path(out["plot"]).is_file()
+
+
+def test_rank_faults_need_several_processes_and_a_slow_rank_comes_once() -> None:
+    from trainguard.drills.chaos_schedule import parse_kinds
+
+    with pytest.raises(BadInputError, match="several processes"):
+        parse_kinds(["kill,slow_rank"], nproc=1)
+    assert "hung_rank" in parse_kinds(None, nproc=2) and "hang" not in parse_kinds(None, nproc=2)
+    assert "hung_rank" not in parse_kinds(None)
+    for seed in range(20):
+        faults = schedule(seed, 1, 30, 5, 4, ("slow_rank", "rank_kill", "hung_rank"))
+        assert sum(f.kind == "slow_rank" for f in faults) <= 1
+        assert all(f.inject.endswith("/r1") for f in faults)

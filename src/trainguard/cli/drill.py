@@ -81,9 +81,19 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--fault-kind",
                 help="--chaos: the kinds to draw from (repeatable or comma-separated): kill, "
-                "corrupt, hang, nan. Default: all.",
+                "corrupt, hang, nan; with --nproc 2 or more also rank_kill, hung_rank, "
+                "slow_rank. Default: all (with several processes: all but hang).",
             ),
         ] = None,
+        nproc: Annotated[
+            int,
+            typer.Option(
+                "--nproc",
+                min=1,
+                help="--chaos: processes of the job (`run --nproc`); 2 or more adds the faults "
+                "of one rank: rank_kill, hung_rank, slow_rank.",
+            ),
+        ] = 1,
         plot: Annotated[
             Path | None,
             typer.Option(
@@ -123,15 +133,16 @@ def register(app: typer.Typer) -> None:
                 seed=seed,
                 faults=faults,
                 kinds=fault_kind,
+                nproc=nproc,
                 ctx_args={"recipe": recipe, "overrides": list(overrides or []), "steps": steps},
                 workdir=workdir,
                 keep=keep,
                 plot=plot,
                 as_json=as_json,
             )
-        if plot is not None or fault_kind or seed or faults != 3:
+        if plot is not None or fault_kind or seed or faults != 3 or nproc != 1:
             raise BadInputError(
-                "--plot, --fault-kind, --faults and --seed are for --chaos",
+                "--plot, --fault-kind, --faults, --seed and --nproc are for --chaos",
                 "add --chaos DURATION for a soak, or drop them",
             )
         if markdown is not None:

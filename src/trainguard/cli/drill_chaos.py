@@ -9,6 +9,17 @@ from typing import Any
 from rich.table import Table
 
 from trainguard.cli.common import console, emit, err_console
+from trainguard.errors import BadInputError
+
+# As the multi-process drills run (drills/multiproc_scenarios.py): a 30 s watchdog floor (the
+# ranks wait in their first all-reduce for the slowest one), collectives that time out in 8 s
+# and name the missing rank after 4, the straggler check every 2 steps.
+MULTIPROC_SETTINGS = (
+    "guards.hang_floor_s=30",
+    "distributed.collective_timeout_s=8",
+    "distributed.hang_timeout_s=4",
+    "distributed.straggler_interval=2",
+)
 
 
 def _s(v: float | None) -> str:
@@ -40,6 +51,7 @@ def run_chaos_command(
     seed: int,
     faults: int,
     kinds: list[str] | None,
+    nproc: int,
     ctx_args: dict[str, Any],
     workdir: Path | None,
     keep: bool,
@@ -55,17 +67,26 @@ def run_chaos_command(
     from trainguard.util.processes import check_local_processes
 
     duration = parse_duration(chaos)
-    chosen = parse_kinds(kinds)
+    chosen = parse_kinds(kinds, nproc)
     plan = DrillPlan(ctx_args.pop("steps"))
     check_room(plan.max_steps, plan.interval, faults, chosen)
-    # One training process at a time: the reference run, then the soak run and its relaunches.
-    check_local_processes(1, "--chaos", lambda n: "free a core", False)
+    # One job at a time (the reference run, then the soak run and its relaunches): its
+    # processes must fit the machine.
+    check_local_processes(nproc, f"--nproc {nproc}", lambda n: f"use --nproc {n} or fewer")
     import tempfile
 
     from trainguard.config.load import load_recipe
 
+    if nproc > 1:  # the multi-process drills' settings; the user's --set come after and win
+        ctx_args["overrides"] = [*MULTIPROC_SETTINGS, *ctx_args["overrides"]]
+        ctx_args["run_args"] = ("--no-evals", "--nproc", str(nproc), "--oversubscribe")
     probe = DrillContext(plan=plan, workdir=Path("."), **ctx_args)
-    load_recipe(probe.recipe, probe.settings())  # a bad recipe or --set: exit 2, nothing run
+    recipe = load_recipe(probe.recipe, probe.settings())  # bad recipe or --set: exit 2
+    if recipe.train.batch_size % nproc:
+        raise BadInputError(
+            f"--nproc {nproc} does not divide train.batch_size={recipe.train.batch_size}",
+            "use a process count that divides the batch size, or --set train.batch_size",
+        )
     if plot is not None:
         check_writable(plot)
     folder = workdir or Path(tempfile.mkdtemp(prefix="tg-chaos-"))

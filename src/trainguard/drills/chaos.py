@@ -27,14 +27,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.drills.chaos_schedule import DETECTED_BY, Fault, schedule
+from trainguard.drills.chaos_schedule import DETECTED_BY, HANGS, RANK_KINDS, Fault, schedule
 from trainguard.drills.runner import DrillContext, RunOutcome
 from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.goodput.accounting import CATEGORIES, account_run
 from trainguard.metrics.jsonl import read_metrics
 
-_EXIT = {"kill": -9, "corrupt": -9, "hang": int(ExitStatus.HANG)}
+
+def _catches(fault: Fault, finding: dict[str, Any]) -> bool:
+    """`finding` is one of the codes that must catch `fault`; a fault on rank 1 must be named
+    there (a code naming another rank does not count)."""
+    if finding.get("code") not in DETECTED_BY[fault.kind]:
+        return False
+    return fault.kind not in RANK_KINDS or finding.get("rank") == 1
+
+
+def _fired(fault: Fault, returncode: int) -> bool:
+    """The launch ended as `fault` ends a job: exit 3 for a hang (the watchdog, the hung-rank
+    diagnosis), else killed (-9 for one process; a launcher whose workers were killed exits
+    with its own non-zero status)."""
+    if fault.kind in HANGS:
+        return returncode == ExitStatus.HANG
+    return returncode not in (0, ExitStatus.HANG)
 
 
 @dataclass
@@ -150,7 +165,7 @@ def run_round(
         out, launch = _launch(ctx, name, [*data, *([fault.inject] if fault else [])])
         outs.append((out, launch, fault))
         say(f"round {number}: launch {len(outs)} exited {out.returncode}")
-        if fault is None or out.returncode != _EXIT[fault.kind]:
+        if fault is None or not _fired(fault, out.returncode):
             break  # finished, or ended otherwise than the fault says: no more relaunches
         pending.pop(0)
         if fault.kind == "corrupt":
@@ -181,7 +196,7 @@ def _results(
     findings = [r for r in read_metrics(run_dir) if r.get("kind") == "finding"]
     for out, _, _ in outs:
         findings += out.findings
-    fired = [(i, f) for i, (out, _, f) in enumerate(outs) if f and out.returncode == _EXIT[f.kind]]
+    fired = [(i, f) for i, (out, _, f) in enumerate(outs) if f and _fired(f, out.returncode)]
     results = []
     for fault in faults:
         res = FaultResult(fault, note=notes.get(fault, ""))
@@ -196,9 +211,7 @@ def _results(
                     *outs[i][0].findings,
                     *(outs[i + 1][0].findings if i + 1 < len(outs) else []),
                 ]
-                res.codes += sorted(
-                    {f["code"] for f in around if f["code"] in DETECTED_BY[fault.kind]}
-                )
+                res.codes += sorted({f["code"] for f in around if _catches(fault, f)})
                 res.detected = not DETECTED_BY[fault.kind] or len(res.codes) > 1
                 if k < len(goodput.restarts):
                     r = goodput.restarts[k]
@@ -211,15 +224,14 @@ def _results(
             steps = [
                 f["step"]
                 for f in findings
-                if f.get("code") in DETECTED_BY[fault.kind]
-                and isinstance(f.get("step"), int)
-                and f["step"] >= fault.step
+                if _catches(fault, f) and isinstance(f.get("step"), int) and f["step"] >= fault.step
             ]
             res.detected = bool(steps)
             if steps:
                 res.codes = list(DETECTED_BY[fault.kind])
                 res.detect_steps = min(steps) - fault.step
-                res.steps_lost = 1  # the skipped update
+                # A NaN batch's update is skipped; a slow rank is reported, nothing thrown away.
+                res.steps_lost = 1 if fault.kind == "nan" else 0
         results.append(res)
     return results
 
