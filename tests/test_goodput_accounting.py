@@ -82,6 +82,31 @@ def test_categories_of_a_synthetic_record_with_a_kill_a_rollback_and_a_skip() ->
     assert r.startup_s == pytest.approx(2.0)
 
 
+def test_a_restart_whose_steps_a_later_resume_dropped_keeps_its_start_up() -> None:
+    """The second process resumed, ran two steps and hung; the third resumed from the same
+    checkpoint and dropped them. Its restart still ends at its first step (the first_step
+    row), and only what came after is redone."""
+    t = 0.0
+    rows = [
+        _attempt(t),
+        _step(1, t + 2),
+        _step(2, t + 3),
+        _attempt(t + 6, resumed=2, lost={"steps": 1, "until": t + 4}),
+        {"kind": "timing", "what": "first_step", "time": t + 8},
+        _attempt(t + 13, resumed=2, lost={"steps": 2, "until": t + 10}),
+        _step(3, t + 16),
+        {"kind": "timing", "what": "first_step", "time": t + 15},
+        _step(4, t + 17),
+        {"kind": "timing", "what": "end", "step": 4, "time": t + 17},
+    ]
+    g = account(rows)
+    _assert_sums(g)
+    assert g.wall_s == pytest.approx(17)
+    assert [(r.downtime_s, r.startup_s) for r in g.restarts] == [(2, 2), (3, 2)]
+    assert g.seconds["restart"] == pytest.approx(9) and g.seconds["redone"] == pytest.approx(3)
+    assert g.seconds["productive"] == pytest.approx(4) and g.redone_steps == 3
+
+
 def test_a_log_without_timing_rows_is_counted_from_its_first_step() -> None:
     g = account([_step(1, 10.0), _step(2, 11.5), _step(3, 12.5)])
     _assert_sums(g)

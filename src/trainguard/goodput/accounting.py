@@ -8,6 +8,8 @@ row builders below):
     {"kind": "timing", "what": "attempt", "time", "process_start", "launcher_start", "lost"}
         a process joins the run (no `step`: a resume's cut never drops it); `lost` is what the
         cut of this resume drops: {"steps": step rows, "until": the last time they recorded}
+    {"kind": "timing", "what": "first_step", "time"}
+        the process's first step began (no `step`: it outlives a later cut of that step)
     {"kind": "timing", "what": "checkpoint" | "eval", "step", "seconds", "time"}
         a save's stall in the loop, an evaluation (`time`: its end)
     {"kind": "timing", "what": "copy_wait", "step", "seconds"}
@@ -79,6 +81,12 @@ def attempt_row(
 def phase_row(what: str, step: int, seconds: float, end: float) -> dict[str, Any]:
     """A checkpoint stall or an evaluation of `seconds` that ended at wall time `end`."""
     return {"kind": TIMING, "what": what, "step": step, "seconds": seconds, "time": end}
+
+
+def first_step_row(start: float) -> dict[str, Any]:
+    """The process's first step began at wall time `start` (no `step`: kept when a later
+    resume's cut drops that step, so the restart before it is still known)."""
+    return {"kind": TIMING, "what": "first_step", "time": start}
 
 
 def copy_wait_row(step: int, seconds: float) -> dict[str, Any]:
@@ -217,7 +225,9 @@ class _Walk:
     def attempt(self, r: dict[str, Any]) -> None:
         self.out.attempts += 1
         self.out.recorded = True
-        start = _num(r.get("process_start")) or _num(r.get("time")) or 0.0
+        start = _num(r.get("process_start"))
+        if start is None:
+            start = _num(r.get("time")) or 0.0
         launcher = _num(r.get("launcher_start"))
         lost = r.get("lost") if isinstance(r.get("lost"), dict) else None
         restart = None
@@ -247,6 +257,18 @@ class _Walk:
             self.context = "startup"
         self.pending_start = (self.cursor, restart)
         self.last_step = None
+
+    def first_step(self, r: dict[str, Any]) -> None:
+        """The start of this process's first step: the end of its start-up or restart, also
+        when a later resume dropped that step's row (then the steps after it are redone)."""
+        start = _num(r.get("time"))
+        if start is None or self.cursor is None or self.pending_start is None:
+            return
+        t0, restart = self.pending_start
+        if restart is not None:
+            restart.startup_s = max(0.0, start - t0)
+        self.pending_start = None
+        self.span(start, 0.0, None)
 
     def step(self, r: dict[str, Any]) -> None:
         end = _num(r.get("time"))
@@ -327,6 +349,8 @@ def account(rows: list[dict[str, Any]]) -> Goodput:
                 walk.attempt(r)
             elif what in ("checkpoint", "eval"):
                 walk.phase(r, str(what))
+            elif what == "first_step":
+                walk.first_step(r)
             elif what == "copy_wait":
                 walk.copy_wait(r)
             elif what == "write" and (w := _num(r.get("seconds"))) is not None:

@@ -45,6 +45,7 @@ class GoodputCallback(Callback):
         self.copy_wait = 0.0
         self.saves: dict[int, float] = {}  # checkpoint step -> wall time its save began
         self.joined = False  # pre_train ran: a run refused before it writes nothing here
+        self.stepped = False  # this process's first step is logged
 
     def pre_train(self, ctx: RunContext) -> None:
         self.joined = True
@@ -68,6 +69,9 @@ class GoodputCallback(Callback):
         self._close_phase(ctx)
 
     def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
+        if not self.stepped and ctx.is_main:
+            self.stepped = True
+            ctx.metrics.write(acc.first_step_row(row["time"] - row["step_time_s"]))
         waited = getattr(self.checkpointer, "copy_wait_s", 0.0)
         if waited > self.copy_wait and ctx.is_main:
             ctx.metrics.write(acc.copy_wait_row(step, waited - self.copy_wait))
