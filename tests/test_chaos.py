@@ -110,3 +110,27 @@ def test_rank_faults_need_several_processes_and_a_slow_rank_comes_once() -> None
         faults = schedule(seed, 1, 30, 5, 4, ("slow_rank", "rank_kill", "hung_rank"))
         assert sum(f.kind == "slow_rank" for f in faults) <= 1
         assert all(f.inject.endswith("/r1") for f in faults)
+
+
+@pytest.mark.slow  # two-process jobs, a hung rank's collective timeout: about 2-3 minutes
+def test_a_two_process_soak_survives_the_faults_of_one_rank(
+    small_corpus: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    sets = [
+        f"data.source={small_corpus}",
+        f"data.cache_dir={cache_dir}",
+        "tokenizer.vocab_size=512",
+        "data.seq_len=32",
+    ]
+    args = ["drill", "--chaos", "1s", "--json", "--steps", "30", "--seed", "6", "--nproc", "2"]
+    args += ["--fault-kind", "rank_kill,hung_rank,slow_rank", "--workdir", str(tmp_path / "s")]
+    res = run_cli(*args, *[a for s in sets for a in ("--set", s)], timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (r,) = json.loads(res.stdout)["rounds"]
+    assert [f["label"] for f in r["faults"]] == ["slow_rank@4", "rank_kill@12", "hung_rank@13"]
+    slow, kill, hung = r["faults"]
+    assert slow["codes"] == ["H202"] and slow["steps_lost"] == 0
+    assert "R302" in kill["codes"] and kill["steps_lost"] == 1  # step 11, after checkpoint 10
+    assert "R301" in hung["codes"] and hung["steps_lost"] == 2  # steps 11 and 12 again
+    assert r["finished"] and r["bitwise_equal"] is True
+    assert [x["lost_steps"] for x in r["goodput"]["restarts"]] == [1, 2]
