@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from runhelpers import run_cli
-from trainguard.drills.chaos import FaultResult, Launch, Round, summary, verdict
+from trainguard.drills.chaos import FaultResult, Launch, Round
 from trainguard.drills.chaos_schedule import Fault, parse_duration, schedule
+from trainguard.drills.chaos_verdict import summary, verdict
 from trainguard.errors import BadInputError
 
 KINDS = ("kill", "corrupt", "hang", "nan")

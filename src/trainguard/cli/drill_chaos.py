@@ -59,9 +59,10 @@ def run_chaos_command(
     as_json: bool,
 ) -> None:
     """Every input is checked before the first run starts (exit 2, nothing started)."""
-    from trainguard.drills.chaos import run_chaos, summary, verdict
+    from trainguard.drills.chaos import run_chaos
     from trainguard.drills.chaos_plot import write_timeline
     from trainguard.drills.chaos_schedule import check_room, parse_duration, parse_kinds
+    from trainguard.drills.chaos_verdict import summary, verdict
     from trainguard.drills.runner import DrillContext, DrillPlan
     from trainguard.util.atomic import check_writable
     from trainguard.util.processes import check_local_processes

@@ -78,7 +78,7 @@ def resolve_inputs(
         "checkpoint_stall_s": ("SECONDS", "no checkpoint step followed by a timed step"),
         "restart_s": (
             "SECONDS",
-            "no restart (the run was never restarted, or its record has no timing rows)",
+            "no restart time (the run was never restarted, or its record has no timing rows)",
         ),
         "gpus": ("N", "no world size in a start event"),
     }

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.goodput import accounting as acc
+from trainguard.goodput import rows as acc
 from trainguard.metrics.jsonl import read_metrics
 from trainguard.train.callback import Callback, RunContext
 from trainguard.util.processes import process_started_at
