@@ -13,20 +13,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoint.manifest import MANIFEST  # written last: when a save is durable
 from trainguard.goodput import rows as acc
 from trainguard.metrics.jsonl import read_metrics
 from trainguard.train.callback import Callback, RunContext
 from trainguard.util.processes import process_started_at
+from trainguard.util.runlock import HOLDER_ENV
 
 _TIMED = ("checkpoint", "eval")
-_MANIFEST = "manifest.json"  # written last: its time is when the checkpoint became durable
 
 
 def _launcher_start() -> float | None:
     """The start of the process that launched this one for the job (`run --nproc`'s, or the
     elastic agent of a torchrun), None when there is none."""
-    from trainguard.util.runlock import HOLDER_ENV
-
     holder = os.environ.get(HOLDER_ENV, "")
     if holder.isdigit():
         return process_started_at(int(holder))
@@ -79,7 +78,7 @@ class GoodputCallback(Callback):
 
     def post_checkpoint(self, ctx: RunContext, step: int, path: str) -> None:
         began = self.saves.pop(step, None)
-        manifest = Path(path) / _MANIFEST
+        manifest = Path(path) / MANIFEST
         if began is None or not ctx.is_main or not manifest.is_file():  # a remote store
             return
         ctx.metrics.write(acc.write_row(step, max(0.0, manifest.stat().st_mtime - began)))
