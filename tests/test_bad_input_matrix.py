@@ -74,6 +74,7 @@ SMALL = ("--vocab-size", "260", "--seq-len", "8", "--val-fraction", "0.2")
 # Drill rows name a recipe whose runs fail at once: if a check were missing, no drill trains.
 DRILL = ("--recipe", "{tiny}", "--only", "clean", "--set", "data.source={inputs}/missing")
 DRILL_DIR = ("--workdir", "{out}/drill")
+CHAOS = ("drill", "--recipe", "{tiny}", *DRILL_DIR, "--chaos")  # issue 24: chaos soak
 # issue 24: goodput planner (`trainguard plan`): the numbers it needs, few simulated failures
 # (a row's own value comes after PLAN_ALL: the last of a repeated option counts)
 PLAN_ALL = ("--step-time", "1", "--checkpoint-stall", "1", "--restart", "60", "--gpus", "8")
@@ -1217,6 +1218,44 @@ ROWS = [
         "drill-jobs-above-the-cores",
         *("drill", "--recipe", "{tiny}", "--only", "nan", "--jobs", "100000", *DRILL_DIR),
         says=("--jobs 100000", "CPU core", "--oversubscribe", "nothing was started"),
+    ),
+    # issue 24: chaos soak (`drill --chaos DURATION`): every input checked before any run
+    row("drill-chaos-not-a-duration", *CHAOS, "ten minutes", says=("not a duration", "10m")),
+    row("drill-chaos-zero", *CHAOS, "0s", says=("not a duration",)),
+    row(
+        "drill-chaos-unknown-fault-kind",
+        *(*CHAOS, "10s", "--fault-kind", "kill,meteor"),
+        says=("meteor", "kill, corrupt, hang, nan"),
+    ),
+    row(
+        "drill-chaos-faults-do-not-fit",
+        *(*CHAOS, "10s", "--steps", "30", "--faults", "40"),
+        says=("40 faults", "--steps"),
+    ),
+    row("drill-chaos-with-only", *CHAOS, "10s", "--only", "nan", says=("--only", "--chaos")),
+    row("drill-chaos-faults-zero", *CHAOS, "10s", "--faults", "0", says=("--faults",)),
+    row(
+        "drill-chaos-bad-set",
+        *(*CHAOS, "10s", "--set", "train.lr=fast"),
+        says=("train.lr",),
+    ),
+    row(
+        "drill-plot-without-chaos", *("drill", *DRILL, *DRILL_DIR, "--seed", "3"), says=("--chaos",)
+    ),
+    row(
+        "drill-chaos-rank-fault-in-one-process",
+        *(*CHAOS, "10s", "--fault-kind", "hung_rank"),
+        says=("hung_rank", "several processes", "--nproc 2"),
+    ),
+    row(
+        "drill-chaos-nproc-above-the-cores",
+        *(*CHAOS, "10s", "--nproc", "100000"),
+        says=("--nproc 100000", "CPU core", "nothing was started"),
+    ),
+    row(
+        "drill-chaos-plot-is-recipe",
+        *(*CHAOS, "10s", "--plot", "{tiny}"),
+        says=("is the input",),
     ),
     # --- doctor ---------------------------------------------------------------------------
     row("doctor-recipe-not-utf8", "doctor", "{bad_recipe}", says=("UTF-8",)),

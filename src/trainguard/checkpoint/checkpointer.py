@@ -151,6 +151,9 @@ class Checkpointer:
         self.queue_depth, self.when_full = queue, when_full
         self._copier: ThreadPoolExecutor | None = None  # background copies beside a write
         self._copied: threading.Event | None = None  # set once a background copy is made
+        self.copy_wait_s = 0.0
+        """Seconds `wait_copied` has blocked its caller, in all: the part of the checkpoint
+        stall spent inside the next step (goodput accounting)."""
         self._housekeeping: list[Future[None]] = []  # background retention
         if self.async_save:
             # The writer thread starts now, not inside the first save: `Thread.start` waits
@@ -335,8 +338,10 @@ class Checkpointer:
         caller may change it from then on. Returns at once when no copy is under way; an error
         of the copy is raised where the save's is (its `wait`, the next save, `close`)."""
         copied, self._copied = self._copied, None
-        if copied is not None:
+        if copied is not None and not copied.is_set():
+            t0 = time.perf_counter()
             copied.wait()
+            self.copy_wait_s += time.perf_counter() - t0
 
     def _drain(self) -> None:
         """Wait for the async saves held; raise the first error nobody has seen."""

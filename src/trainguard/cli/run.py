@@ -68,8 +68,11 @@ class _RunOutput:
             return
         self.done = True
         if self.as_json:
-            text = json.dumps(result.to_dict(), indent=2, default=str) + "\n"
             target = os.environ.get(RESULT_ENV)
+            shown = result.to_dict()
+            if not target:  # the launcher of `run --nproc` adds it once the job has ended
+                shown["goodput"] = _goodput(result.run_dir)
+            text = json.dumps(shown, indent=2, default=str) + "\n"
             if target:  # a worker of `run --nproc --json`: the launcher prints it
                 Path(target).write_text(text, encoding="utf-8")
             else:
@@ -91,6 +94,20 @@ class _RunOutput:
                 f"report {escape(str(result.run_dir / 'report.html'))}",
                 markup=True,
             )
+
+
+def _goodput(run_dir: Path | None) -> dict[str, Any] | None:
+    """Where the run's wall time went, across its restarts (docs/goodput.md); None for a run
+    dir without a metric log (a refused run)."""
+    from trainguard.goodput.accounting import account_run
+    from trainguard.metrics.jsonl import METRICS_FILE
+
+    if run_dir is None or not (run_dir / METRICS_FILE).is_file():
+        return None
+    try:
+        return account_run(run_dir).to_dict()
+    except Exception:  # the record is unreadable: the run's own outcome still prints
+        return None
 
 
 def _launch_job(

@@ -76,7 +76,10 @@ def resolve_inputs(
     required = {
         "step_time_s": ("SECONDS", "no step row with a step_time_s"),
         "checkpoint_stall_s": ("SECONDS", "no checkpoint step followed by a timed step"),
-        "restart_s": ("SECONDS", "no restart time (run records do not hold one yet)"),
+        "restart_s": (
+            "SECONDS",
+            "no restart time (the run was never restarted, or its record has no timing rows)",
+        ),
         "gpus": ("N", "no world size in a start event"),
     }
     missing = [n for n in required if n not in out]

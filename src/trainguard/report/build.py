@@ -23,6 +23,7 @@ from trainguard.checkpoint.manifest import step_dirname
 from trainguard.checkpoint.target import run_checkpoint_root
 from trainguard.config.load import read_run_recipe
 from trainguard.errors import BadInputError
+from trainguard.goodput.accounting import account
 from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
 from trainguard.report import plots
 from trainguard.report.episodes import finding_rows, skips_summary
@@ -94,6 +95,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "env": env,
         "checkpoints": _checkpoints(run_dir),
         "skipped": skipped,  # metrics.jsonl lines no reader can use, "path:line: why"
+        "goodput": account(rows).to_dict(),
     }
 
 
@@ -162,6 +164,15 @@ def _use_case(info: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _goodput(info: dict[str, Any]) -> dict[str, Any] | None:
+    """The goodput bar and its shares (docs/goodput.md), None for a log without timed steps."""
+    g = info.get("goodput")
+    if not g or not g["wall_s"]:
+        return None
+    shares = [(k, f"{v:.1%}", f"{g['seconds'][k]:.2f}") for k, v in g["shares"].items()]
+    return {"plot": _data_uri(plots.goodput_plot(g)), "shares": shares, "goodput": g["goodput"]}
+
+
 def render_html(info: dict[str, Any]) -> str:
     steps, evals = info["steps"], info["evals"]
     training_plots = []
@@ -188,6 +199,7 @@ def render_html(info: dict[str, Any]) -> str:
             summary=list(_summary(info).items()),
             training_plots=training_plots,
             use_case=_use_case(info),
+            goodput=_goodput(info),
             prediction_plot=_data_uri(plots.prediction_plot(info["band"], evals))
             if info["band"]
             else None,
@@ -239,6 +251,10 @@ def render_markdown(info: dict[str, Any]) -> str:
     if info["skipped"]:
         lines += ["", "## Log lines skipped", ""]
         lines += [f"- {_md(line)}" for line in info["skipped"]]
+    g = info.get("goodput")
+    if g and g["wall_s"]:
+        lines += ["", "## Goodput", "", "| | share | seconds |", "|---|---|---|"]
+        lines += [f"| {k} | {v:.1%} | {g['seconds'][k]:.2f} |" for k, v in g["shares"].items()]
     lines += ["", "## Checkpoints", ""]
     lines += [
         f"- {'step ' if isinstance(c['step'], int) else ''}{_md(c['step'])}: "

@@ -280,3 +280,45 @@ def health_plots(
     if any("data_time_s" in r for r in steps):
         out.append(("data phase", _png(data_share_figure(steps, findings))))
     return out
+
+
+# Goodput categories in the order they are stacked, with their colours: productive first.
+GOODPUT_COLORS = {
+    "productive": "#2ca02c",
+    "data_wait": "#98df8a",
+    "checkpoint": "#1f77b4",
+    "eval": "#aec7e8",
+    "startup": "#9467bd",
+    "restart": "#d62728",
+    "redone": "#ff7f0e",
+    "skipped": "#ffbb78",
+    "other": "#c7c7c7",
+}
+
+
+def goodput_figure(goodput: dict[str, Any]) -> Any:
+    """Where the wall time went (`goodput.accounting`), as one stacked bar with the share of
+    each category written on it (the shares under 3% in the legend only)."""
+    shares = goodput.get("shares") or {}
+    fig, ax = plt.subplots(figsize=(7, 1.7))
+    left = 0.0
+    for name, color in GOODPUT_COLORS.items():
+        share = _value(shares.get(name)) or 0.0
+        if share <= 0:
+            continue
+        ax.barh([0], [share], left=left, color=color, label=f"{name} {share:.1%}")
+        if share >= 0.03:
+            ax.text(left + share / 2, 0, f"{share:.0%}", ha="center", va="center", fontsize=8)
+        left += share
+    ax.set_xlim(0, 1)
+    ax.set_yticks([])
+    ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    wall = _value(goodput.get("wall_s")) or 0.0
+    ax.set_title(f"Goodput: {wall:.1f} s of wall time, {goodput.get('attempts', 0)} process(es)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    return fig
+
+
+def goodput_plot(goodput: dict[str, Any]) -> bytes:
+    return _png(goodput_figure(goodput))

@@ -19,6 +19,7 @@ from trainguard.reference.select import Selected
 from trainguard.train.callback import Callback, Callbacks, RunContext
 from trainguard.train.callbacks.distributed import DistributedGuardsCallback
 from trainguard.train.callbacks.evals import EvalsCallback
+from trainguard.train.callbacks.goodput import GoodputCallback
 from trainguard.train.callbacks.preflight import PreflightCallback
 from trainguard.train.callbacks.reference import ReferenceCallback
 from trainguard.train.callbacks.resume import ResumeCallback
@@ -97,6 +98,7 @@ def compose(
     resume = ResumeCallback(env)
     validation = ValidationCallback(trainer, _offtrack(r))
     found: list[Callback] = [StepLogCallback(), resume, DistributedGuardsCallback(part), validation]
+    found.append(GoodputCallback(checkpointer))  # the timing rows of goodput accounting
     if r.preflight.enabled:
         found.append(PreflightCallback(data, evals))
     watchdog = None

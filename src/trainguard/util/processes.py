@@ -207,6 +207,21 @@ def _start_time(pid: int) -> str | None:
     return fields[19]  # field 22: starttime
 
 
+def process_started_at(pid: int | None = None) -> float | None:
+    """When process `pid` (this one by default) started, in seconds since the epoch (the
+    clock of `time.time()`); None without /proc or when it has ended. Its age is read from the
+    kernel's uptime clock, so the answer is good to its tick (10 ms), whatever the boot time."""
+    start = _start_time(os.getpid() if pid is None else pid)
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    if start is None or not start.isdigit():
+        return None
+    return time.time() - max(0.0, uptime - int(start) / ticks)
+
+
 def pid_alive(pid: int) -> bool:
     """True while a process `pid` exists on this machine (one of another user's too)."""
     try:

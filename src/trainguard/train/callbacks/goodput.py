@@ -1,0 +1,99 @@
+"""The timing rows goodput accounting needs (`goodput/accounting.py`, docs/goodput.md): when this
+process started and what the resume's cut drops (the `attempt` row), each checkpoint stall and
+evaluation, the checkpoint copy a step waited for, each save's time to durable, and the end.
+
+Rank 0 writes them to the metric log; the other ranks time nothing. The attempt row is written
+before the resume's cut (`ResumeCallback`, priority 80) because it counts the rows the cut drops.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from trainguard.checkpoint.manifest import MANIFEST  # written last: when a save is durable
+from trainguard.goodput import rows as acc
+from trainguard.metrics.jsonl import read_metrics
+from trainguard.train.callback import Callback, RunContext
+from trainguard.util.processes import process_started_at
+from trainguard.util.runlock import HOLDER_ENV
+
+_TIMED = ("checkpoint", "eval")
+
+
+def _launcher_start() -> float | None:
+    """The start of the process that launched this one for the job (`run --nproc`'s, or the
+    elastic agent of a torchrun), None when there is none."""
+    holder = os.environ.get(HOLDER_ENV, "")
+    if holder.isdigit():
+        return process_started_at(int(holder))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return process_started_at(os.getppid())
+    return None
+
+
+class GoodputCallback(Callback):
+    name = "goodput"
+    priority = 86  # before the resume's cut (80), which drops what the attempt row counts
+
+    def __init__(self, checkpointer: Any = None) -> None:
+        self.checkpointer = checkpointer  # its `copy_wait_s`: the stall inside a step
+        self.open: tuple[str, float, float] | None = None  # phase, perf start, wall start
+        self.copy_wait = 0.0
+        self.saves: dict[int, float] = {}  # checkpoint step -> wall time its save began
+        self.joined = False  # pre_train ran: a run refused before it writes nothing here
+        self.stepped = False  # this process's first step is logged
+
+    def pre_train(self, ctx: RunContext) -> None:
+        self.joined = True
+        if not ctx.is_main:
+            return
+        rows = read_metrics(ctx.run_dir)
+        resumed = ctx.step if ctx.step > 0 else None  # None: a fresh start
+        row = acc.attempt_row(rows, resumed, process_started_at(), _launcher_start())
+        ctx.metrics.write(row)
+        self.copy_wait = getattr(self.checkpointer, "copy_wait_s", 0.0)
+
+    def on_phase(self, ctx: RunContext, phase: str) -> None:
+        if self.open is not None and self.open[0] != phase:
+            self._close_phase(ctx)
+        if self.open is None and phase in _TIMED:
+            self.open = (phase, time.perf_counter(), time.time())
+            if phase == "checkpoint":
+                self.saves[ctx.step] = self.open[2]
+
+    def pre_step(self, ctx: RunContext, step: int) -> None:
+        self._close_phase(ctx)
+
+    def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
+        if not self.stepped and ctx.is_main:
+            self.stepped = True
+            ctx.metrics.write(acc.first_step_row(row["time"] - row["step_time_s"]))
+        waited = getattr(self.checkpointer, "copy_wait_s", 0.0)
+        if waited > self.copy_wait and ctx.is_main:
+            ctx.metrics.write(acc.copy_wait_row(step, waited - self.copy_wait))
+        self.copy_wait = waited
+
+    def post_checkpoint(self, ctx: RunContext, step: int, path: str) -> None:
+        began = self.saves.pop(step, None)
+        manifest = Path(path) / MANIFEST
+        if began is None or not ctx.is_main or not manifest.is_file():  # a remote store
+            return
+        ctx.metrics.write(acc.write_row(step, max(0.0, manifest.stat().st_mtime - began)))
+
+    def close(self, ctx: RunContext) -> None:
+        if not self.joined:
+            return
+        self._close_phase(ctx)
+        if ctx.is_main:
+            ctx.metrics.write(acc.end_row(ctx.step, time.time()))
+
+    def _close_phase(self, ctx: RunContext) -> None:
+        if self.open is None:
+            return
+        phase, t0, _ = self.open
+        self.open = None
+        if ctx.is_main:
+            ctx.metrics.write(acc.phase_row(phase, ctx.step, time.perf_counter() - t0, time.time()))
