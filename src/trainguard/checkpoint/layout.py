@@ -195,17 +195,19 @@ class FlatLayout:
             return self.snapshot(parts, rng, True), None
         snap = self._capture(parts, rng, copy=True, staged=staged)
         staging = self.stagings[self.slot]  # this save's slot, whenever the copy runs
+        if not staged:
+            return snap, None
+        return snap, lambda: self._copy_into(snap, staged, staging)
 
-        def fill() -> None:
-            doc, tensors = snap
-            for p in staged:
-                if p.kind == "module":
-                    value = staging.model(p.value, p.key).state_dict()
-                else:
-                    value = staging.tree(p.value.state_dict(), p.key)
-                doc["values"][p.key], tensors[p.key] = codec.encode(value, p.where)
-
-        return snap, (fill if staged else None)
+    def _copy_into(self, snapshot: Any, staged: list[Part], staging: Staging) -> None:
+        """Copy the staged parts' tensors into `staging`'s buffers, into the snapshot."""
+        doc, tensors = snapshot
+        for p in staged:
+            if p.kind == "module":
+                value = staging.model(p.value, p.key).state_dict()
+            else:
+                value = staging.tree(p.value.state_dict(), p.key)
+            doc["values"][p.key], tensors[p.key] = codec.encode(value, p.where)
 
     def _capture(
         self, parts: list[Part], rng: list[dict[str, Any]], copy: bool, staged: Any
