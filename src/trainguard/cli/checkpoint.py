@@ -39,12 +39,16 @@ def register(app: typer.Typer) -> None:
             return
         if not done.steps:
             console.print(
-                f"{run_dir}: no checkpoint of the earlier format to convert", markup=False
+                f"{run_dir}: no checkpoint of the earlier format to convert",
+                markup=False,
+                soft_wrap=True,
             )
         else:
             steps = ", ".join(str(s) for s in done.steps)
             console.print(
-                f"converted steps {steps}; the old folders are in {done.attic}", markup=False
+                f"converted steps {steps}; the old folders are in {done.attic}",
+                markup=False,
+                soft_wrap=True,
             )
         for step, why in sorted(done.left.items()):
-            console.print(f"step {step} left as it was: {why}", markup=False)
+            console.print(f"step {step} left as it was: {why}", markup=False, soft_wrap=True)
