@@ -68,9 +68,10 @@ def test_background_copy_of_cuda_state_writes_the_in_loop_bytes(tmp_path: Path) 
     the optimizer state while the loop goes on; after `wait_copied` the loop's next update
     must not reach the files, which are byte for byte an in-loop save's (the copy and the
     update are ordered on the device)."""
+    from trainguard.train.layout import RunLayout
+
     from loophelpers import run_state
     from trainguard import ElasticSampler
-    from trainguard.train.layout import RunLayout
 
     device = "cuda"
     torch.manual_seed(0)

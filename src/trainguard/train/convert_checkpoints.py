@@ -74,6 +74,8 @@ def convert_run_dir(run_dir: Path) -> Converted:
     """Convert every verified step of the old format under `run_dir`'s checkpoint root (see
     the module docstring); BadInputError for a run dir it cannot convert."""
     run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise BadInputError(f"{run_dir} does not exist", "give the run dir of a trainguard run")
     if not run_dir.is_dir():
         raise BadInputError(f"{run_dir} is not a run dir", "give the run dir of a trainguard run")
     root = run_checkpoint_root(run_dir)
