@@ -9,7 +9,11 @@ the checkpoint write fall outside). Prints every round, the median ratio (new / 
 spread (quartiles, min-max), and the machine (CPU model, cores, flags).
 
     python benchmarks/bench_run_rebuild.py [--old-rev REV | --old CHECKOUT] [--new .]
-        [--steps 200] [--rounds 9]
+        [--steps 200] [--rounds 9] [--recipe default] [--interval 2]
+
+`--recipe NAME` runs a shipped recipe (e.g. `default`) instead of the tiny one, `--interval N`
+saves a checkpoint every N steps (checkpoint-heavy: the save's cost is inside the measured
+window), both for old and new alike.
 
 `--old-rev` (default: the parent of the commit that added `train/spine.py`, i.e. the last `run`
 before the rebuild) is extracted with `git archive`; `--old` takes a checkout instead.
@@ -95,16 +99,20 @@ def recipe(folder: Path, steps: int) -> Path:
     return path
 
 
-def tokens_per_s(src: Path, recipe_path: Path, run_dir: Path) -> float:
+def tokens_per_s(src: Path, recipe_path: str, run_dir: Path, sets: list[str] = ()) -> float:
     env = {**os.environ, "PYTHONPATH": str(src), "CI": "1", "OMP_NUM_THREADS": "1"}
     env.pop("TRAINGUARD_INJECT", None)
     cmd = [sys.executable, "-m", "trainguard", "run", str(recipe_path), "--run-dir", str(run_dir)]
+    for kv in sets:
+        cmd += ["--set", kv]
     res = subprocess.run([*cmd, "-q", "--no-evals"], env=env, capture_output=True, text=True)
     if res.returncode != 0:
         raise SystemExit(f"{src}: exit {res.returncode}\n{res.stderr[-2000:]}")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     rows = [r for r in map(json.loads, lines) if r.get("kind") == "step"]
-    tokens = (len(rows) - 1) * 8 * 32
+    ran = yaml.safe_load((run_dir / "recipe.yaml").read_text())  # the recipe as run
+    t = ran["train"]
+    tokens = (len(rows) - 1) * t["batch_size"] * t.get("grad_accum", 1) * ran["data"]["seq_len"]
     return tokens / (rows[-1]["time"] - rows[0]["time"])
 
 
@@ -120,6 +128,8 @@ def main() -> None:
     ap.add_argument("--new", type=Path, default=Path(__file__).resolve().parents[1])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--recipe", help="a shipped recipe instead of the tiny one (e.g. default)")
+    ap.add_argument("--interval", type=int, help="checkpoint.interval (default: at the end)")
     args = ap.parse_args()
     print(describe())
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,7 +139,9 @@ def main() -> None:
             rev = args.old_rev or before_rebuild()
             old = old_source(rev, Path(tmp)) / "src"
             print(f"old: {rev} ({_describe_rev(rev)})")
-        compare(old, args.new.resolve() / "src", args.steps, args.rounds)
+        compare(
+            old, args.new.resolve() / "src", args.steps, args.rounds, args.recipe, args.interval
+        )
 
 
 def _describe_rev(rev: str) -> str:
@@ -137,16 +149,29 @@ def _describe_rev(rev: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()[:80]
 
 
-def compare(old: Path, new: Path, steps: int, rounds: int) -> None:
+def compare(
+    old: Path,
+    new: Path,
+    steps: int,
+    rounds: int,
+    shipped: str | None = None,
+    interval: int | None = None,
+) -> None:
     print(f"old src: {old}\nnew src: {new}")
     ratios, olds, news = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        path = recipe(folder, steps)
-        tokens_per_s(new, path, folder / "warm")  # prepares the data once, for both
+        path = shipped or str(recipe(folder, steps))
+        sets = [f"train.max_steps={steps}"] if shipped else []
+        if interval:
+            sets.append(f"checkpoint.interval={interval}")
+        print(f"recipe: {path} {' '.join(sets)}")
+        tokens_per_s(new, path, folder / "warm", sets)  # prepares the data once, for both
         for r in range(rounds):
             order = [("old", old), ("new", new)] if r % 2 == 0 else [("new", new), ("old", old)]
-            got = {name: tokens_per_s(src, path, folder / f"{name}-{r}") for name, src in order}
+            got = {
+                name: tokens_per_s(src, path, folder / f"{name}-{r}", sets) for name, src in order
+            }
             olds.append(got["old"])
             news.append(got["new"])
             ratios.append(got["new"] / got["old"])
