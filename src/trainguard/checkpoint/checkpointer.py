@@ -58,7 +58,8 @@ class Checkpointer(CheckpointLoading):
     issue 11's signature: `layout` (the files of a non-sharded checkpoint), `retry` (backoff,
     stagger and verification of remote transfers), `cache_dir` (the node cache, default
     `$TRAINGUARD_CACHE/node`), `on_phase(phase, step)` (fire drills: "shards_written" on every
-    rank, "checkpoint_rename" on rank 0 just before the commit), `background_copy` (below).
+    rank, "payload_written" on rank 0 once a non-sharded payload is written, "checkpoint_rename"
+    on rank 0 just before the commit), `background_copy` (below).
 
     `background_copy=True` (with `async_save`, and a layout that has `stage`: FlatLayout, the
     default) moves the copy of the modules' and optimizers' tensors out of `save` too: it is
@@ -263,7 +264,7 @@ class Checkpointer(CheckpointLoading):
                         copying.result()  # the copy's error is this save's
                     elif copy is not None and copied is not None:
                         _copy_then_set(copy, copied)  # first: the caller waits for it
-                    info = self.store.save(step, lambda d: self.layout.write(d, snapshot), meta)
+                    info = self.store.save(step, lambda d: self._write(d, snapshot, step), meta)
                     location, findings = info.location, info.findings
                 except Exception as e:
                     err = e
@@ -277,6 +278,13 @@ class Checkpointer(CheckpointLoading):
             return outcome[0], _findings(outcome[2])
 
         return job
+
+    def _write(self, folder: Path, snapshot: Any, step: int) -> None:
+        """The layout's files into the temp folder; then "payload_written" (fire drills kill
+        there: the payload is on disk, its checksums and manifest are not)."""
+        self.layout.write(folder, snapshot)
+        if self.on_phase is not None:
+            self.on_phase("payload_written", step)
 
     def _background(self) -> ThreadPoolExecutor:
         """One thread for async saves and retention, in order."""

@@ -219,9 +219,10 @@ class Run:
 
     # -- hangs: the process is about to exit 3 for a restart ------------------------------------
     def _checkpoint_phase(self, phase: str, step: int) -> None:
-        """The Checkpointer's phases: the payload is written, the manifest and rename not yet
-        (fire drills kill the process there: `kill@N:checkpoint_write`)."""
-        if phase == "checkpoint_rename":
+        """The Checkpointer's phases: at "payload_written" the payload is on disk, its
+        checksums, manifest and rename not yet (fire drills kill the process there:
+        `kill@N:checkpoint_write`)."""
+        if phase == "payload_written":
             self.faults.at("checkpoint_write", step)
 
     def _hang_reported(self, finding: Finding) -> None:
