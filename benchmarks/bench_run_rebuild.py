@@ -3,10 +3,12 @@ older one (e.g. the run before it was rebuilt on the public parts).
 
 Each round runs the same small recipe once with each checkout's `src` on PYTHONPATH, in a fresh
 process and run dir, alternating which goes first (ABBA), so that machine noise hits both.
-Throughput is read from each run's own metric log: tokens between the first and the last step
-row over the wall time between them (data preparation, pre-flight, the final evaluation and
-the checkpoint write fall outside). Prints every round, the median ratio (new / old) and its
-spread (quartiles, min-max), and the machine (CPU model, cores, flags).
+Each run's whole-process CPU seconds (user + system) are counted too: on a shared machine they
+move less than wall time. Throughput is read from each run's own metric log: tokens between the
+first and the last step row over the wall time between them (data preparation, pre-flight,
+the final evaluation and the checkpoint write fall outside). Prints every round, the median
+ratio (new / old) and its spread (quartiles, min-max), and the machine (CPU model, cores,
+flags).
 
     python benchmarks/bench_run_rebuild.py [--old-rev REV | --old CHECKOUT] [--new .]
         [--steps 200] [--rounds 9] [--recipe default] [--interval 2]
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -99,13 +102,19 @@ def recipe(folder: Path, steps: int) -> Path:
     return path
 
 
+CPU: list[float] = []  # each run's CPU seconds (user + system of the process), in order
+
+
 def tokens_per_s(src: Path, recipe_path: str, run_dir: Path, sets: list[str] = ()) -> float:
     env = {**os.environ, "PYTHONPATH": str(src), "CI": "1", "OMP_NUM_THREADS": "1"}
     env.pop("TRAINGUARD_INJECT", None)
     cmd = [sys.executable, "-m", "trainguard", "run", str(recipe_path), "--run-dir", str(run_dir)]
     for kv in sets:
         cmd += ["--set", kv]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = subprocess.run([*cmd, "-q", "--no-evals"], env=env, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     if res.returncode != 0:
         raise SystemExit(f"{src}: exit {res.returncode}\n{res.stderr[-2000:]}")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -158,7 +167,7 @@ def compare(
     interval: int | None = None,
 ) -> None:
     print(f"old src: {old}\nnew src: {new}")
-    ratios, olds, news = [], [], []
+    ratios, olds, news, cpus = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         path = shipped or str(recipe(folder, steps))
@@ -172,18 +181,22 @@ def compare(
             got = {
                 name: tokens_per_s(src, path, folder / f"{name}-{r}", sets) for name, src in order
             }
+            cpu = dict(zip([name for name, _ in order], CPU[-2:], strict=True))
             olds.append(got["old"])
             news.append(got["new"])
             ratios.append(got["new"] / got["old"])
+            cpus.append(cpu["old"] / cpu["new"])
             print(
                 f"round {r}: old {got['old']:,.0f} tok/s  new {got['new']:,.0f} tok/s  "
-                f"ratio {ratios[-1]:.3f}"
+                f"ratio {ratios[-1]:.3f}; whole process CPU old {cpu['old']:.1f} s  new "
+                f"{cpu['new']:.1f} s  ratio old/new {cpus[-1]:.3f}"
             )
     lo, hi = quartiles(ratios)
     print(
         f"median: old {statistics.median(olds):,.0f} tok/s, new {statistics.median(news):,.0f} "
         f"tok/s; ratio new/old {statistics.median(ratios):.3f} (quartiles {lo:.3f}-{hi:.3f}, "
-        f"min-max {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} rounds)"
+        f"min-max {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} rounds); whole process "
+        f"CPU old/new {statistics.median(cpus):.3f} (min-max {min(cpus):.3f}-{max(cpus):.3f})"
     )
 
 

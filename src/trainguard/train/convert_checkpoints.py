@@ -8,8 +8,8 @@ refuses such a step (exit 2, `checkpoint/loading.py:LegacyRunCheckpoint`) and na
 command. It rewrites every such step as the Checkpointer's FlatLayout holds the run's state
 (run_state.py): the same tensors, counters, skipped ranges, guard, callbacks, schedule and
 every rank's generator states, so the resumed run goes on bitwise as the old release would
-have. Nothing is lost: each old step folder is verified first (a damaged one is left where it
-is, and the run's usual fallback applies), moved to `CHECKPOINT_ROOT/attic/<stamp>/` (never
+have. Nothing is lost: each old step folder is verified first (a damaged one is not converted;
+retention sets it aside in quarantine/ as any damaged step), moved to `CHECKPOINT_ROOT/attic/<stamp>/` (never
 deleted), and the new one is committed through the store (temp name, manifest last) and
 verified. The run dir's lock is held throughout, so no run writes meanwhile.
 
