@@ -146,3 +146,18 @@ def test_a_converted_run_dir_resumes_bitwise(
     fresh = read_module_state(tmp_path / "fresh" / "checkpoints" / "step-6")
     assert sorted(resumed) == sorted(fresh)
     assert all(torch.equal(resumed[k], fresh[k]) for k in fresh)  # bitwise
+
+
+def test_a_damaged_old_step_is_not_converted_and_is_named(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    weights = run / "checkpoints" / "step-4" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    before = tree_digest(run / "checkpoints")
+    res = invoke_cli("checkpoint", "convert", str(run), "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    done = json.loads(res.stdout)
+    assert done["converted"] == [] and "4" in done["left"] and "C10" in done["left"]["4"]
+    assert tree_digest(run / "checkpoints") == before  # nothing moved, nothing written

@@ -8,10 +8,11 @@ refuses such a step (exit 2, `checkpoint/loading.py:LegacyRunCheckpoint`) and na
 command. It rewrites every such step as the Checkpointer's FlatLayout holds the run's state
 (run_state.py): the same tensors, counters, skipped ranges, guard, callbacks, schedule and
 every rank's generator states, so the resumed run goes on bitwise as the old release would
-have. Nothing is lost: each old step folder is verified first (a damaged one is not converted;
-retention sets it aside in quarantine/ as any damaged step), moved to `CHECKPOINT_ROOT/attic/<stamp>/` (never
-deleted), and the new one is committed through the store (temp name, manifest last) and
-verified. The run dir's lock is held throughout, so no run writes meanwhile.
+have. Nothing is lost: each old step folder is verified first (a damaged one is not converted
+but named; the run's retention sets it aside in quarantine/ as any damaged step), moved to
+`CHECKPOINT_ROOT/attic/<stamp>/` (never deleted), and the new one is committed through the
+store (temp name, manifest last) and verified. The run dir's lock is held throughout, so no
+run writes meanwhile.
 
 This module is the only reader of the old files; nothing else knows them.
 """
@@ -95,7 +96,7 @@ def convert_run_dir(run_dir: Path) -> Converted:
             manifest, findings = inspect_local_folder(path, step)
             if manifest is None or has_errors(findings) or not is_legacy_run_step(manifest):
                 if manifest is not None and is_legacy_run_step(manifest):
-                    done.left[step] = "; ".join(f.message for f in findings)
+                    done.left[step] = "; ".join(f"{f.code}: {f.message}" for f in findings)
                 continue
             try:
                 snapshot, meta = _read_old_step(path, step, manifest)
