@@ -11,8 +11,8 @@ evaluation and the report, is not a restart's cost). Three variants:
     resume          the run dir as a run leaves it (pre-flight results cached in it)
     resume, cold    the same without RUN_DIR/preflight_cache.json: every pre-flight check runs
                     (what a restart cost before the cache)
-    floor           `python -c "import torch"` + reading model.safetensors and optimizer.pt
-                    (weights_only) of the same checkpoint: the least any restart pays
+    floor           `python -c "import torch"` + reading the same checkpoint's state.json and
+                    state.safetensors: the least any restart pays
 
 With `--baseline-rev REV` a fourth variant, `resume, REV`, runs the same resume on the code of
 git revision REV (its `src/` exported to a temporary folder), in the same rounds as `resume`
@@ -51,12 +51,13 @@ from machine import describe
 SRC = Path(__file__).resolve().parent.parent / "src"
 
 FLOOR = """
+import json
 import sys
 import torch
 from safetensors.torch import load_file
 folder = sys.argv[1]
-load_file(folder + "/model.safetensors")
-torch.load(folder + "/optimizer.pt", weights_only=True)
+json.loads(open(folder + "/state.json").read())
+load_file(folder + "/state.safetensors")
 """
 
 
@@ -183,7 +184,7 @@ def main() -> None:
                 env=_env(old_src),
             )
         checkpoint = base / "checkpoints" / f"step-{n}"
-        if not (checkpoint / "model.safetensors").exists():
+        if not (checkpoint / "manifest.json").exists():
             raise SystemExit(f"no checkpoint at {checkpoint}: is {n} a checkpoint step?")
         old = f"resume, {args.baseline_rev}"
         times: dict[str, list[tuple[float, float]]] = {"resume": []}

@@ -3,13 +3,19 @@ older one (e.g. the run before it was rebuilt on the public parts).
 
 Each round runs the same small recipe once with each checkout's `src` on PYTHONPATH, in a fresh
 process and run dir, alternating which goes first (ABBA), so that machine noise hits both.
-Throughput is read from each run's own metric log: tokens between the first and the last step
-row over the wall time between them (data preparation, pre-flight, the final evaluation and
-the checkpoint write fall outside). Prints every round, the median ratio (new / old) and its
-spread (quartiles, min-max), and the machine (CPU model, cores, flags).
+Each run's whole-process CPU seconds (user + system) are counted too: on a shared machine they
+move less than wall time. Throughput is read from each run's own metric log: tokens between the
+first and the last step row over the wall time between them (data preparation, pre-flight,
+the final evaluation and the checkpoint write fall outside). Prints every round, the median
+ratio (new / old) and its spread (quartiles, min-max), and the machine (CPU model, cores,
+flags).
 
     python benchmarks/bench_run_rebuild.py [--old-rev REV | --old CHECKOUT] [--new .]
-        [--steps 200] [--rounds 9]
+        [--steps 200] [--rounds 9] [--recipe default] [--interval 2]
+
+`--recipe NAME` runs a shipped recipe (e.g. `default`) instead of the tiny one, `--interval N`
+saves a checkpoint every N steps (checkpoint-heavy: the save's cost is inside the measured
+window), both for old and new alike.
 
 `--old-rev` (default: the parent of the commit that added `train/spine.py`, i.e. the last `run`
 before the rebuild) is extracted with `git archive`; `--old` takes a checkout instead.
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -95,16 +102,26 @@ def recipe(folder: Path, steps: int) -> Path:
     return path
 
 
-def tokens_per_s(src: Path, recipe_path: Path, run_dir: Path) -> float:
+CPU: list[float] = []  # each run's CPU seconds (user + system of the process), in order
+
+
+def tokens_per_s(src: Path, recipe_path: str, run_dir: Path, sets: list[str] = ()) -> float:
     env = {**os.environ, "PYTHONPATH": str(src), "CI": "1", "OMP_NUM_THREADS": "1"}
     env.pop("TRAINGUARD_INJECT", None)
     cmd = [sys.executable, "-m", "trainguard", "run", str(recipe_path), "--run-dir", str(run_dir)]
+    for kv in sets:
+        cmd += ["--set", kv]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = subprocess.run([*cmd, "-q", "--no-evals"], env=env, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     if res.returncode != 0:
         raise SystemExit(f"{src}: exit {res.returncode}\n{res.stderr[-2000:]}")
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     rows = [r for r in map(json.loads, lines) if r.get("kind") == "step"]
-    tokens = (len(rows) - 1) * 8 * 32
+    ran = yaml.safe_load((run_dir / "recipe.yaml").read_text())  # the recipe as run
+    t = ran["train"]
+    tokens = (len(rows) - 1) * t["batch_size"] * t.get("grad_accum", 1) * ran["data"]["seq_len"]
     return tokens / (rows[-1]["time"] - rows[0]["time"])
 
 
@@ -120,6 +137,8 @@ def main() -> None:
     ap.add_argument("--new", type=Path, default=Path(__file__).resolve().parents[1])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--recipe", help="a shipped recipe instead of the tiny one (e.g. default)")
+    ap.add_argument("--interval", type=int, help="checkpoint.interval (default: at the end)")
     args = ap.parse_args()
     print(describe())
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,7 +148,9 @@ def main() -> None:
             rev = args.old_rev or before_rebuild()
             old = old_source(rev, Path(tmp)) / "src"
             print(f"old: {rev} ({_describe_rev(rev)})")
-        compare(old, args.new.resolve() / "src", args.steps, args.rounds)
+        compare(
+            old, args.new.resolve() / "src", args.steps, args.rounds, args.recipe, args.interval
+        )
 
 
 def _describe_rev(rev: str) -> str:
@@ -137,28 +158,45 @@ def _describe_rev(rev: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()[:80]
 
 
-def compare(old: Path, new: Path, steps: int, rounds: int) -> None:
+def compare(
+    old: Path,
+    new: Path,
+    steps: int,
+    rounds: int,
+    shipped: str | None = None,
+    interval: int | None = None,
+) -> None:
     print(f"old src: {old}\nnew src: {new}")
-    ratios, olds, news = [], [], []
+    ratios, olds, news, cpus = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        path = recipe(folder, steps)
-        tokens_per_s(new, path, folder / "warm")  # prepares the data once, for both
+        path = shipped or str(recipe(folder, steps))
+        sets = [f"train.max_steps={steps}"] if shipped else []
+        if interval:
+            sets.append(f"checkpoint.interval={interval}")
+        print(f"recipe: {path} {' '.join(sets)}")
+        tokens_per_s(new, path, folder / "warm", sets)  # prepares the data once, for both
         for r in range(rounds):
             order = [("old", old), ("new", new)] if r % 2 == 0 else [("new", new), ("old", old)]
-            got = {name: tokens_per_s(src, path, folder / f"{name}-{r}") for name, src in order}
+            got = {
+                name: tokens_per_s(src, path, folder / f"{name}-{r}", sets) for name, src in order
+            }
+            cpu = dict(zip([name for name, _ in order], CPU[-2:], strict=True))
             olds.append(got["old"])
             news.append(got["new"])
             ratios.append(got["new"] / got["old"])
+            cpus.append(cpu["old"] / cpu["new"])
             print(
                 f"round {r}: old {got['old']:,.0f} tok/s  new {got['new']:,.0f} tok/s  "
-                f"ratio {ratios[-1]:.3f}"
+                f"ratio {ratios[-1]:.3f}; whole process CPU old {cpu['old']:.1f} s  new "
+                f"{cpu['new']:.1f} s  ratio old/new {cpus[-1]:.3f}"
             )
     lo, hi = quartiles(ratios)
     print(
         f"median: old {statistics.median(olds):,.0f} tok/s, new {statistics.median(news):,.0f} "
         f"tok/s; ratio new/old {statistics.median(ratios):.3f} (quartiles {lo:.3f}-{hi:.3f}, "
-        f"min-max {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} rounds)"
+        f"min-max {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} rounds); whole process "
+        f"CPU old/new {statistics.median(cpus):.3f} (min-max {min(cpus):.3f}-{max(cpus):.3f})"
     )
 
 

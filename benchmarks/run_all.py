@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "bench_contamination": ["--examples", "10", "--background", "300", "--repeats", "1"],
     "bench_train_throughput": ["--steps", "10", "--rounds", "1"],
     "bench_run_rebuild": ["--steps", "20", "--rounds", "1"],
+    "bench_checkpoint_format": ["--rounds", "1"],
     "bench_run_checkpoint_stall": ["--steps", "8", "--interval", "4", "--rounds", "1"],
     "bench_distributed": ["--steps", "10", "--skip", "2", "--rounds", "1"],
     "bench_wave": ["--seeds", "5"],

@@ -1,6 +1,6 @@
 """`trainguard run`'s loop in-process, from real parts (torchtitan style: no subprocess): the
-run's checkpoint state and layout, a narrow context, and a `Loop` whose checkpointer is a real
-`Checkpointer` in the run's layout."""
+run's checkpoint state, a narrow context, and a `Loop` whose checkpointer is a real
+`Checkpointer` (the format every loop gets)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from trainguard.config.load import validate_recipe
 from trainguard.metrics.sinks import open_run_sinks
 from trainguard.train.callback import Callback, Callbacks, RunContext
 from trainguard.train.distributed import World
-from trainguard.train.layout import Progress, RunLayout
 from trainguard.train.progress import ProgressDisplay
+from trainguard.train.run_state import RunState
 from trainguard.train.spine import Loop
 
 TINY = {
@@ -31,23 +31,23 @@ def run_state(
     optimizer: Any,
     sampler: ElasticSampler,
     *,
-    progress: Progress | None = None,
+    progress: RunState | None = None,
     guard: Guard | None = None,
     callbacks: Callbacks | None = None,
 ) -> dict[str, Any]:
-    """The state dict every run checkpoint holds (train/layout.py)."""
+    """The state dict every run checkpoint holds (train/run_state.py)."""
     return {
         "model": model,
         "optimizer": optimizer,
         "sampler": sampler,
-        "progress": progress or Progress(),
+        "run": progress or RunState(),
         "guard": guard or Guard(),
         "callbacks": callbacks or Callbacks([]),
     }
 
 
 def run_checkpointer(root: Path, keep: int = 10) -> Checkpointer:
-    return Checkpointer(str(root), keep=keep, layout=RunLayout({"name": "test"}, {}))
+    return Checkpointer(str(root), keep=keep)
 
 
 def context(run_dir: Path, model: torch.nn.Module, optimizer: Any, **recipe: Any) -> RunContext:
@@ -62,7 +62,7 @@ def context(run_dir: Path, model: torch.nn.Module, optimizer: Any, **recipe: Any
         torch.device("cpu"),
         metrics=open_run_sinks(run_dir, r.metrics),
         display=ProgressDisplay(r.train.max_steps, r.train.log_interval, enabled=False),
-        progress=Progress(),
+        progress=RunState(),
         model=model,
         optimizer=optimizer,
     )

@@ -296,6 +296,21 @@ ROWS = [
         *("run", "{tiny}", "--set", "checkpoint.when_full=drop"),
         says=("when_full", "wait", "skip"),
     ),
+    # issue 21: fmt (a run dir of the previous release's format: the command that converts it)
+    row(
+        "run-resume-old-format",
+        *TINY_RESUME,
+        tiny_run="old_format",
+        says=("earlier trainguard release", "trainguard checkpoint convert", "nothing was changed"),
+    ),
+    # --- checkpoint convert -----------------------------------------------------------------
+    # issue 21: fmt
+    row("checkpoint-convert-missing", "checkpoint", "convert", "{out}/nothing", says=NOT_EXIST),
+    row(
+        "checkpoint-convert-no-checkpoints",
+        *("checkpoint", "convert", "{run_ok}"),
+        says=("has no checkpoints",),
+    ),
     # --- batch ------------------------------------------------------------------------------
     row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
     row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),
@@ -559,7 +574,7 @@ ROWS = [
         "check-tokenizer-checkpoint-file-not-in-manifest",
         *("check-tokenizer", "{tokenizer}", "--checkpoint", "{step_unlisted}"),
         exit=1,
-        says=("C111", "model.safetensors", "not listed"),
+        says=("C111", "state.json", "listed"),
     ),
     # issue 26: readers (a shard that is a FIFO is named as one, and never read)
     row(
@@ -1625,13 +1640,13 @@ class Workspace:
             (run / file).symlink_to(p["outside"] if "." in file else inputs)
         _write(p["run_report_link"] / "metrics.jsonl", metrics)
         _write(p["run_report_link"] / "recipe.yaml", yaml.safe_dump(recipe))
-        # A step folder whose re-signed manifest lists nothing; model.safetensors links out.
+        # A step folder whose re-signed manifest lists nothing; state.json links out.
         from runhelpers import forge_manifest
 
         p["step_unlisted"] = inputs / "step-3"
         p["step_unlisted"].mkdir()
         _write(p["step_unlisted"] / "manifest.json", forge_manifest(3, {}))
-        (p["step_unlisted"] / "model.safetensors").symlink_to(p["outside"])
+        (p["step_unlisted"] / "state.json").symlink_to(p["outside"])
         # issue 26: readers (damaged metric rows, markup in names, FIFOs, links and paths out)
         deep = '{"kind": "step", "step": 3, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
         big = '{"kind": "step", "step": 3, "loss": ' + "9" * 400 + ', "batch_hash": "b3"}\n'
@@ -1744,17 +1759,17 @@ def _no_steps(run: Path, root: Path) -> None:
 
 def _all_damaged(run: Path, root: Path) -> None:
     for folder in (run / "checkpoints").glob("step-*"):
-        _damage(folder / "model.safetensors")
+        _damage(folder / "state.safetensors")
 
 
 def _quarantine_file(run: Path, root: Path) -> None:
     _write(run / "checkpoints" / "quarantine", "mine\n")
-    _damage(run / "checkpoints" / "step-12" / "model.safetensors")  # to be set aside
+    _damage(run / "checkpoints" / "step-12" / "state.safetensors")  # to be set aside
 
 
 def _quarantine_symlink(run: Path, root: Path) -> None:
     _moved_out(run, root, "checkpoints/quarantine")
-    _damage(run / "checkpoints" / "step-12" / "model.safetensors")  # to be set aside
+    _damage(run / "checkpoints" / "step-12" / "state.safetensors")  # to be set aside
 
 
 # How `{tiny_run}` is altered for a row (`Row.tiny_run`): each is a run dir `run` must refuse.
@@ -1768,7 +1783,16 @@ TINY_RUNS = {
     "quarantine_file": _quarantine_file,
     "quarantine_symlink": _quarantine_symlink,
     "attic_symlink": lambda run, root: _moved_out(run, root, "attic"),
+    "old_format": lambda run, root: _old_format(run),
 }
+
+
+def _old_format(run: Path) -> None:
+    """Only a step of the previous release's run format (tests/fixtures/old_run, 912c6b4)."""
+    for folder in (run / "checkpoints").glob("step-*"):
+        shutil.rmtree(folder)
+    old = Path(__file__).parent / "fixtures" / "old_run" / "checkpoints" / "step-4"
+    shutil.copytree(old, run / "checkpoints" / "step-4")
 
 
 def _write(path: Path, data: str | bytes) -> Path:

@@ -46,7 +46,7 @@ def test_the_run_with_no_usable_step_names_fresh_though_the_entry_says_both(
     c107 = get_code("C107").fix  # docs/codes.md: both readers
     assert "--fresh" in c107 and "In your own loop" in c107 and "Checkpointer" in c107
     for step in (4, 8, 12):
-        (tiny_run_copy / "checkpoints" / f"step-{step}" / "model.safetensors").write_bytes(b"x")
+        (tiny_run_copy / "checkpoints" / f"step-{step}" / "state.safetensors").write_bytes(b"x")
     res = invoke_cli("run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "-q")
     assert res.returncode == 1, res.stderr[-2000:]
     fix = res.stderr[res.stderr.rindex("fix:") :]  # the refusal's own fix, last

@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 
 from loophelpers import run_state
-from test_checkpoint_staging import FILES, GatedLayout, layout_recipe, train_step, training
+from test_checkpoint_staging import FILES, GatedLayout, train_step, training
 from test_run_loop import recipe_for, run_in_process  # noqa: F401 (a fixture)
 from trainguard import ElasticSampler
 from trainguard.checkpoint.checkpointer import Checkpointer
+from trainguard.checkpoint.layout import FlatLayout
 from trainguard.errors import BadInputError
 from trainguard.train.callback import Callback, RunContext
-from trainguard.train.layout import Progress, RunLayout
+from trainguard.train.run_state import RunState
 
 
 def until(condition: Callable[[], bool]) -> bool:
@@ -37,7 +38,7 @@ def until(condition: Callable[[], bool]) -> bool:
 
 def saving(background_copy: bool, tmp_path: Path, **queue: Any):
     model, opt = training("adamw")
-    progress = Progress()
+    progress = RunState()
     state = run_state(
         model, opt, ElasticSampler(100, global_batch_size=2, seed=0), progress=progress
     )
@@ -63,9 +64,7 @@ def test_saves_every_step_queue_while_the_writer_is_held_and_stay_bitwise(
     one; the copies held are 3 sets, never more. The test waits for events only (the count
     of saves that waited for room), never for a time."""
     model, opt, progress, state, layout, checkpointer = saving(background_copy, tmp_path, queue=3)
-    in_loop = Checkpointer(
-        tmp_path / "sync", keep=10, layout=RunLayout(layout_recipe(), layout.env)
-    )
+    in_loop = Checkpointer(tmp_path / "sync", keep=10)
     handles, held, returned = [], [], threading.Event()
 
     def loop() -> None:
@@ -167,16 +166,14 @@ def test_a_queue_setting_that_cannot_work_is_refused(tmp_path: Path, kwargs: dic
 def gated_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:
     """Every checkpoint write of `trainguard run` waits for the returned event; the steps whose
     write went on because the wait timed out (the loop never opened it) are listed."""
-    import trainguard.train.layout as layout
+    gate, real_write, timed_out = threading.Event(), FlatLayout.write, []
 
-    gate, real_write, timed_out = threading.Event(), layout.write_checkpoint_files, []
-
-    def gated_write(folder: Path, files: Any) -> None:
+    def gated_write(self: FlatLayout, folder: Path, snapshot: Any) -> None:
         if not gate.wait(timeout=120):
-            timed_out.append(files.trainer["step"])
-        real_write(folder, files)
+            timed_out.append(snapshot[0]["values"]["run"]["step"])
+        real_write(self, folder, snapshot)
 
-    monkeypatch.setattr(layout, "write_checkpoint_files", gated_write)
+    monkeypatch.setattr(FlatLayout, "write", gated_write)
     return gate, timed_out
 
 

@@ -1,4 +1,5 @@
-"""The copy an asynchronous save of `trainguard run` writes from (checkpoint/staging.py): the
+"""The copy an asynchronous save writes from (FlatLayout, the format of every loop and of
+`trainguard run`) (checkpoint/staging.py): the
 files are byte for byte a save in the loop's, made in the loop's thread or in the writer thread
 (`background_copy`); the copies are kept and refilled from one save to the next; in the loop's
 thread they are made on one intra-op thread, and the writer thread never sets the thread count;
@@ -16,23 +17,15 @@ import torch
 from loophelpers import run_state
 from trainguard import ElasticSampler
 from trainguard.checkpoint.checkpointer import Checkpointer
-from trainguard.checkpoint.layout import classify
+from trainguard.checkpoint.layout import FlatLayout, classify
 from trainguard.checkpoint.staging import Staging
 from trainguard.config.load import validate_recipe
 from trainguard.errors import BadInputError
 from trainguard.model.gpt import GPT
-from trainguard.train.layout import Progress, RunLayout
 from trainguard.train.optim import build_optimizer
+from trainguard.train.run_state import RunState
 
-FILES = (
-    "model.safetensors",
-    "optimizer.pt",
-    "rng.pt",
-    "trainer.json",
-    "loader.json",
-    "recipe.yaml",
-    "env.json",
-)
+FILES = ("state.json", "state.safetensors")
 
 
 def training(optimizer: str) -> tuple[torch.nn.Module, Any]:
@@ -55,15 +48,11 @@ def train_step(model: torch.nn.Module, optimizer: Any) -> None:
     optimizer.step()
 
 
-def layout_recipe() -> dict[str, Any]:
-    return {"name": "test", "train": {"lr": 0.001}}
-
-
-class GatedLayout(RunLayout):
+class GatedLayout(FlatLayout):
     """Writes only once `gate` is set: the test changes the live state first."""
 
     def __init__(self) -> None:
-        super().__init__(layout_recipe(), {"torch": "x"})
+        super().__init__()
         self.gate = threading.Event()
 
     def write(self, folder: Path, snapshot: Any) -> None:
@@ -77,7 +66,7 @@ def test_async_saves_write_the_bytes_a_save_in_the_loop_writes(
     tmp_path: Path, torch_globals: None, optimizer: str, background_copy: bool
 ) -> None:
     model, opt = training(optimizer)
-    progress = Progress()
+    progress = RunState()
     state = run_state(
         model, opt, ElasticSampler(100, global_batch_size=2, seed=0), progress=progress
     )
@@ -89,9 +78,7 @@ def test_async_saves_write_the_bytes_a_save_in_the_loop_writes(
         layout=layout,
         background_copy=background_copy,
     )
-    in_loop = Checkpointer(
-        tmp_path / "sync", keep=10, layout=RunLayout(layout_recipe(), layout.env)
-    )
+    in_loop = Checkpointer(tmp_path / "sync", keep=10)
     try:
         for step in (1, 2, 3):
             train_step(model, opt)
@@ -110,7 +97,7 @@ def test_async_saves_write_the_bytes_a_save_in_the_loop_writes(
             a = (tmp_path / "async" / f"step-{step}" / name).read_bytes()
             b = (tmp_path / "sync" / f"step-{step}" / name).read_bytes()
             assert a == b, f"step {step}: {name} differs"
-    assert layout.staging.refills == 4  # the model's and the optimizer's, at steps 2 and 3
+    assert layout.stagings[0].refills == 4  # the model's and the optimizer's, at steps 2 and 3
 
 
 def test_the_copy_is_kept_apart_from_the_live_state_and_refilled(torch_globals: None) -> None:
@@ -173,7 +160,7 @@ def test_copies_in_the_loops_thread_run_on_one_thread_and_the_count_is_restored(
         return real_copy(*args, **kwargs)
 
     monkeypatch.setattr(torch, "_foreach_copy_", counting_copy)
-    layout = RunLayout(layout_recipe(), {})
+    layout = FlatLayout()
     parts = classify(run_state(model, opt, ElasticSampler(100, global_batch_size=2, seed=0)))
     for _ in range(2):  # the second round refills, through _foreach_copy_
         layout.snapshot(parts, [], copy=True)
@@ -195,7 +182,6 @@ def test_the_writer_threads_copy_leaves_the_thread_count_alone(
         tmp_path,
         async_save=True,
         background_copy=True,
-        layout=RunLayout(layout_recipe(), {}),
         queue=queue,
     )
     copied_in: list[str] = []
@@ -231,7 +217,7 @@ def test_the_first_async_save_starts_no_thread(
     model, opt = training("adamw")
     train_step(model, opt)
     state = run_state(model, opt, ElasticSampler(100, global_batch_size=2, seed=0))
-    checkpointer = Checkpointer(tmp_path, async_save=True, layout=RunLayout(layout_recipe(), {}))
+    checkpointer = Checkpointer(tmp_path, async_save=True)
     started: list[str] = []
     real_start = threading.Thread.start
 
@@ -258,12 +244,12 @@ def test_a_model_with_buffers_is_copied_inside_the_save(torch_globals: None) -> 
     model(torch.randn(8, 4)).pow(2).mean().backward()
     opt.step()
     parts = classify(run_state(model, opt, ElasticSampler(100, global_batch_size=2, seed=0)))
-    files, copy = RunLayout(layout_recipe(), {}).stage(parts, [])
+    (_doc, tensors), copy = FlatLayout().stage(parts, [])
     assert copy is None  # nothing left for the writer thread to copy
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model(torch.randn(8, 4))  # the next forward: the running statistics move
-    staged = files.model.state_dict()
-    assert all(torch.equal(staged[k], before[k]) for k in before)
+    staged = tensors["model"]
+    assert all(torch.equal(staged[f"state['model'].state_dict().{k}"], before[k]) for k in before)
 
 
 def test_background_copy_needs_an_async_save(tmp_path: Path) -> None:

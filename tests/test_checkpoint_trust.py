@@ -5,7 +5,6 @@ checkpoint verifies it. The run-level cases use copies of the session's finished
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -236,18 +235,28 @@ def _tiny_training_state():
     return recipe, model, optimizer, recipe_to_dict(recipe)
 
 
-def test_unloadable_checkpoints_fall_back_naming_the_file(tmp_path: Path) -> None:
-    from safetensors.torch import save_model
+def edit_state(folder: Path, change) -> None:
+    """Rewrite a step's state.json / state.safetensors through `change(doc, tensors)` and
+    reseal its manifest: the step verifies, with content anyone who can write it could put."""
+    from safetensors.torch import load_file, save_file
 
+    doc = json.loads((folder / "state.json").read_text())
+    tensors = load_file(folder / "state.safetensors")
+    change(doc, tensors)
+    save_file(tensors, str(folder / "state.safetensors"))
+    (folder / "state.json").write_text(json.dumps(doc))
+    reseal(folder)
+
+
+def test_unloadable_checkpoints_fall_back_naming_the_file(tmp_path: Path) -> None:
     from loophelpers import run_checkpointer, run_state
     from trainguard import ElasticSampler
-    from trainguard.model.gpt import GPT
-    from trainguard.train.layout import Progress
+    from trainguard.train.run_state import RunState
 
     recipe, model, optimizer, _ = _tiny_training_state()
     root = tmp_path / "ckpts"
     checkpointer = run_checkpointer(root)
-    progress = Progress()
+    progress = RunState()
     sampler = ElasticSampler(100, global_batch_size=2, seed=0)
     state = run_state(model, optimizer, sampler, progress=progress)
     saved = {}
@@ -257,47 +266,58 @@ def test_unloadable_checkpoints_fall_back_naming_the_file(tmp_path: Path) -> Non
             next(model.parameters()).add_(1.0)
         saved[s] = {k: v.clone() for k, v in model.state_dict().items()}
         checkpointer.save(s, state)
-    other = GPT(recipe.model.model_copy(update={"d_model": 32}), vocab_size=32, seq_len=8)
-    save_model(other, str(root / "step-4" / "model.safetensors"))  # wrong tensor shapes
-    sd = torch.load(root / "step-3" / "optimizer.pt", weights_only=True)
-    first = next(iter(sd["state"].values()))
-    first["exp_avg"] = torch.zeros(3, 3)  # a moment of the wrong shape
-    torch.save(sd, root / "step-3" / "optimizer.pt")
-    (root / "step-2" / "trainer.json").write_text('{"step": "two"}')
-    for s in (2, 3, 4):
-        reseal(root / f"step-{s}")
+
+    def wrong_weight(doc: dict, tensors: dict) -> None:  # a tensor of another shape
+        key = next(k for k in tensors if k.startswith("state['model']"))
+        tensors[key] = torch.zeros(3, 3)
+
+    def wrong_moment(doc: dict, tensors: dict) -> None:  # a moment of the wrong shape
+        key = next(k for k in tensors if k.startswith("state['optimizer']") and "exp_avg" in k)
+        tensors[key] = torch.zeros(3, 3)
+
+    def wrong_counter(doc: dict, tensors: dict) -> None:
+        doc["values"]["run"]["step"] = "two"
+
+    edit_state(root / "step-4", wrong_weight)
+    edit_state(root / "step-3", wrong_moment)
+    edit_state(root / "step-2", wrong_counter)
     # Checking a step reads its files against the model and changes nothing.
     before = {k: v.clone() for k, v in model.state_dict().items()}
     parts = classify(state)
     assert codes(checkpointer.layout.check(root / "step-4", parts, 4)) == ["C111"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched
     assert checkpointer.load_latest(state) == 1
-    named = {(f.step, f.data["file"]) for f in checkpointer.last_findings if f.code == "C111"}
-    assert named == {(4, "model.safetensors"), (3, "optimizer.pt"), (2, "trainer.json")}
+    found = {f.step: f.message for f in checkpointer.last_findings if f.code == "C111"}
+    assert sorted(found) == [2, 3, 4]
+    assert "state['model']" in found[4] and "state['optimizer']" in found[3]
+    assert "state['run']" in found[2]
     assert all(torch.equal(saved[1][k], v) for k, v in model.state_dict().items())
     assert progress.step == 1
 
 
-def test_rollback_falls_back_past_a_pickled_optimizer_file(tmp_path: Path) -> None:
+def test_rollback_falls_back_past_a_state_that_does_not_decode(tmp_path: Path) -> None:
     from loophelpers import context, run_checkpointer, run_state
     from trainguard import ElasticSampler
     from trainguard.guard.core import Guard
     from trainguard.guard.decision import Decision
     from trainguard.train import spine
     from trainguard.train.callback import Callbacks
-    from trainguard.train.layout import Progress
+    from trainguard.train.run_state import RunState
 
     _, model, optimizer, _ = _tiny_training_state()
     root = tmp_path / "ckpts"
     checkpointer = run_checkpointer(root, keep=5)
     sampler = ElasticSampler(100, global_batch_size=2, seed=0)
-    progress, guard, callbacks = Progress(), Guard(), Callbacks([])
+    progress, guard, callbacks = RunState(), Guard(), Callbacks([])
     state = run_state(model, optimizer, sampler, progress=progress, guard=guard)
     for s in (4, 8):
         progress.step = s
         checkpointer.save(s, state)
-    torch.save({"state": argparse.Namespace(evil=True)}, root / "step-8" / "optimizer.pt")
-    reseal(root / "step-8")
+
+    def foreign(doc: dict, tensors: dict) -> None:  # what a pickle would hold: an object
+        doc["values"]["optimizer"] = {"__tg__": "object", "class": "argparse.Namespace"}
+
+    edit_state(root / "step-8", foreign)
     ctx = context(tmp_path / "run", model, optimizer)
     ctx.progress = progress
     progress.step = 9
@@ -305,8 +325,7 @@ def test_rollback_falls_back_past_a_pickled_optimizer_file(tmp_path: Path) -> No
     spine.roll_back(loop, Decision(9, "rollback", []))
     assert ctx.step == 4
     (c111,) = [f for f in ctx.findings if f.code == "C111"]
-    assert c111.step == 8 and "optimizer.pt" in c111.message
-    assert "weights_only" not in c111.message
+    assert c111.step == 8 and "state['optimizer']" in c111.message
 
 
 # -- whole runs: refuse to start over silently, --fresh, unloadable checkpoints ------------------
@@ -317,10 +336,10 @@ def test_every_checkpoint_corrupt_refuses_then_fresh_sets_the_run_aside(
 ) -> None:
     run = tiny_run_copy
     ckpts = run / "checkpoints"
-    flip_byte(ckpts / "step-12" / "model.safetensors")
-    with open(ckpts / "step-8" / "optimizer.pt", "r+b") as f:
+    flip_byte(ckpts / "step-12" / "state.safetensors")
+    with open(ckpts / "step-8" / "state.safetensors", "r+b") as f:
         f.truncate(100)
-    (ckpts / "step-4" / "loader.json").write_text('{"epoch": 0, "position": 9999}')
+    (ckpts / "step-4" / "state.json").write_text('{"values": {}}')
     (run / ".lock").write_text("held by another helper's lock")
     lock_inode = (run / ".lock").stat().st_ino
     metrics = (run / "metrics.jsonl").read_bytes()
@@ -328,7 +347,7 @@ def test_every_checkpoint_corrupt_refuses_then_fresh_sets_the_run_aside(
     res = invoke_cli("run", str(tiny_recipe), "--run-dir", str(run), "-q")
     assert res.returncode == 1, res.stderr[-2000:]
     assert "Traceback" not in res.stderr and "C107" in res.stderr, res.stderr
-    for step, why in ((4, "loader.json"), (8, "optimizer.pt"), (12, "model.safetensors")):
+    for step, why in ((4, "state.json"), (8, "state.safetensors"), (12, "state.safetensors")):
         assert re.search(rf"step {step}\b[^;]*{re.escape(why)}", res.stderr), res.stderr
     assert "--fresh" in res.stderr
     assert (run / "metrics.jsonl").read_bytes() == metrics
@@ -354,9 +373,8 @@ def test_run_falls_back_past_checkpoints_that_verify_but_cannot_be_loaded(
 ) -> None:
     run = tiny_run_copy
     ckpts = run / "checkpoints"
-    torch.save({"state": argparse.Namespace(evil=True)}, ckpts / "step-12" / "optimizer.pt")
-    (ckpts / "step-8" / "trainer.json").write_text("{not json")
-    reseal(ckpts / "step-12")
+    edit_state(ckpts / "step-12", lambda doc, t: doc["values"].update(optimizer=[1, 2]))
+    (ckpts / "step-8" / "state.json").write_text("{not json")
     reseal(ckpts / "step-8")
     res = invoke_cli(
         "run", str(tiny_recipe), "--run-dir", str(run), "-q", "--json",
@@ -367,7 +385,7 @@ def test_run_falls_back_past_checkpoints_that_verify_but_cannot_be_loaded(
     payload = json.loads(res.stdout)
     assert payload["resumed_from"] == 4 and payload["final_step"] == 6
     named = {(f["step"], f["data"]["file"]) for f in payload["findings"] if f["code"] == "C111"}
-    assert named == {(12, "optimizer.pt"), (8, "trainer.json")}
+    assert named == {(12, "state.json"), (8, "state.json")}
     # Retention after the save at step 6 moved both aside instead of keeping or deleting them.
     assert sorted(p.name for p in (ckpts / "quarantine").iterdir()) == ["step-12", "step-8"]
     assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith("step-")) == [
@@ -382,7 +400,7 @@ def test_run_falls_back_past_checkpoints_that_verify_but_cannot_be_loaded(
 def test_eval_and_check_tokenizer_verify_and_fall_back(tiny_run_copy: Path) -> None:
     run = tiny_run_copy
     step12 = run / "checkpoints" / "step-12"
-    flip_byte(step12 / "model.safetensors")
+    flip_byte(step12 / "state.safetensors")
     res = runner.invoke(app, ["eval", str(run), "--max-examples", "4", "--json"])
     out = json.loads(res.stdout)
     assert out["checkpoint"].endswith("step-8") and "C101" in [f["code"] for f in out["findings"]]
@@ -396,7 +414,7 @@ def test_eval_and_check_tokenizer_verify_and_fall_back(tiny_run_copy: Path) -> N
     out = json.loads(res.stdout)
     assert "C101" in [f["code"] for f in out["findings"]]
     assert out["undertrained"]["checkpoint"].endswith("step-8")
-    with open(step12 / "model.safetensors", "r+b") as f:
+    with open(step12 / "state.safetensors", "r+b") as f:
         f.truncate(50)  # the old code: a safetensors traceback
     res = runner.invoke(app, ["eval", str(step12), "--json"])
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit)
@@ -408,13 +426,13 @@ def test_report_survives_junk_and_shows_corrupt_checkpoints_invalid(tiny_run_cop
 
     run = tiny_run_copy
     ckpts = run / "checkpoints"
-    flip_byte(ckpts / "step-12" / "model.safetensors")
+    flip_byte(ckpts / "step-12" / "state.safetensors")
     (ckpts / "step-old").mkdir()
     (ckpts / "step-20.bak").mkdir()
     (ckpts / "step-5").write_text("not a folder")
     rows = {str(c["step"]): c for c in collect(run)["checkpoints"]}
     assert rows["4"]["valid"] and rows["8"]["valid"] and not rows["12"]["valid"]
-    assert "C101" in rows["12"]["problem"] and "model.safetensors" in rows["12"]["problem"]
+    assert "C101" in rows["12"]["problem"] and "state.safetensors" in rows["12"]["problem"]
     for junk in ("step-old", "step-20.bak", "step-5"):
         assert not rows[junk]["valid"] and "C110" in rows[junk]["problem"]
     _, md = write_report(run)

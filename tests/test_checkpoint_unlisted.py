@@ -54,30 +54,30 @@ def test_run_layout_never_opens_files_the_manifest_does_not_list(tmp_path: Path)
     from loophelpers import run_checkpointer, run_state
     from test_checkpoint_trust import _tiny_training_state
     from trainguard import ElasticSampler
-    from trainguard.train.layout import Progress
+    from trainguard.train.run_state import RunState
 
     _, model, optimizer, _ = _tiny_training_state()
     root = tmp_path / "ckpts"
     checkpointer = run_checkpointer(root)
-    progress = Progress()
+    progress = RunState()
     sampler = ElasticSampler(100, global_batch_size=2, seed=0)
     state = run_state(model, optimizer, sampler, progress=progress)
     for s in (1, 2, 3):
         progress.step = s
         checkpointer.save(s, state)
-    fifo_instead(root / "step-3", "rng.pt")
-    outside = tmp_path / "outside-optimizer.pt"
-    link_instead(root / "step-2", "optimizer.pt", outside)
+    fifo_instead(root / "step-3", "state.safetensors")
+    outside = tmp_path / "outside-state.json"
+    link_instead(root / "step-2", "state.json", outside)
     kept = outside.read_bytes()
     assert checkpointer.load_latest(state) == 1  # the old code: step 2, through the link
-    assert c111(checkpointer.last_findings) == {(3, "rng.pt"), (2, "optimizer.pt")}
+    assert c111(checkpointer.last_findings) == {(3, "state.safetensors"), (2, "state.json")}
     assert "not listed" in " ".join(f.message for f in checkpointer.last_findings)
     assert progress.step == 1 and outside.read_bytes() == kept
     from trainguard.checkpoint.folder import RefusedFile, open_listed
 
     with (
         pytest.raises(RefusedFile, match="not listed"),
-        open_listed(root / "step-2", "optimizer.pt"),
+        open_listed(root / "step-2", "state.json"),
     ):
         pass
 
@@ -148,9 +148,9 @@ def test_run_resumes_past_unlisted_files_and_quarantines_them(
 ) -> None:
     run = tiny_run_copy
     ckpts = run / "checkpoints"
-    fifo_instead(ckpts / "step-12", "rng.pt")
-    outside = tmp_path / "optimizer-elsewhere.pt"
-    link_instead(ckpts / "step-8", "optimizer.pt", outside)
+    fifo_instead(ckpts / "step-12", "state.safetensors")
+    outside = tmp_path / "state-elsewhere.json"
+    link_instead(ckpts / "step-8", "state.json", outside)
     kept = outside.read_bytes()
     res = invoke_cli(
         "run", str(tiny_recipe), "--run-dir", str(run), "-q", "--json",
@@ -160,7 +160,7 @@ def test_run_resumes_past_unlisted_files_and_quarantines_them(
     payload = json.loads(res.stdout)
     assert payload["resumed_from"] == 4 and payload["final_step"] == 6
     named = {(f["step"], f["data"]["file"]) for f in payload["findings"] if f["code"] == "C111"}
-    assert named == {(12, "rng.pt"), (8, "optimizer.pt")}
+    assert named == {(12, "state.safetensors"), (8, "state.json")}
     assert sorted(p.name for p in (ckpts / "quarantine").iterdir()) == ["step-12", "step-8"]
     assert outside.read_bytes() == kept
 
@@ -172,11 +172,11 @@ def test_eval_never_reads_weights_the_manifest_does_not_list(tiny_run_copy: Path
 
     ckpts = tiny_run_copy / "checkpoints"
     # step 12's weights replaced by a link to step 8's, left out of the re-signed manifest
-    drop_from_manifest(ckpts / "step-12", "model.safetensors")
-    (ckpts / "step-12" / "model.safetensors").unlink()
-    (ckpts / "step-12" / "model.safetensors").symlink_to(ckpts / "step-8" / "model.safetensors")
+    drop_from_manifest(ckpts / "step-12", "state.safetensors")
+    (ckpts / "step-12" / "state.safetensors").unlink()
+    (ckpts / "step-12" / "state.safetensors").symlink_to(ckpts / "step-8" / "state.safetensors")
     res = CliRunner().invoke(app, ["eval", str(tiny_run_copy), "--max-examples", "4", "--json"])
     out = json.loads(res.stdout)
     assert out["checkpoint"].endswith("step-8")  # the old code: step-12, through the link
     named = {(f["step"], f["data"]["file"]) for f in out["findings"] if f["code"] == "C111"}
-    assert named == {(12, "model.safetensors")}
+    assert named == {(12, "state.safetensors")}

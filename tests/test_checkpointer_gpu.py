@@ -70,7 +70,6 @@ def test_background_copy_of_cuda_state_writes_the_in_loop_bytes(tmp_path: Path) 
     update are ordered on the device)."""
     from loophelpers import run_state
     from trainguard import ElasticSampler
-    from trainguard.train.layout import RunLayout
 
     device = "cuda"
     torch.manual_seed(0)
@@ -84,11 +83,8 @@ def test_background_copy_of_cuda_state_writes_the_in_loop_bytes(tmp_path: Path) 
 
     step()
     state = run_state(model, opt, ElasticSampler(100, global_batch_size=2, seed=0))
-    recipe = {"name": "gpu", "train": {"lr": 0.01}}
-    background = Checkpointer(
-        tmp_path / "async", async_save=True, background_copy=True, layout=RunLayout(recipe, {})
-    )
-    in_loop = Checkpointer(tmp_path / "sync", layout=RunLayout(recipe, {}))
+    background = Checkpointer(tmp_path / "async", async_save=True, background_copy=True)
+    in_loop = Checkpointer(tmp_path / "sync")
     try:
         for s in (1, 2):  # 1 allocates the copies, 2 refills them
             in_loop.save(s, state)
@@ -99,6 +95,6 @@ def test_background_copy_of_cuda_state_writes_the_in_loop_bytes(tmp_path: Path) 
     finally:
         background.close()
     for s in (1, 2):
-        for name in ("model.safetensors", "optimizer.pt"):
+        for name in ("state.json", "state.safetensors"):
             a, b = ((tmp_path / k / f"step-{s}" / name).read_bytes() for k in ("async", "sync"))
             assert a == b, f"step {s}: {name}"

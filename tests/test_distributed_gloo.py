@@ -105,8 +105,8 @@ def test_elastic_resume_2_then_1_then_2_processes(
         r.get("event") == "rank_timings" for r in rows(run, "event")
     )
     # The straggler counts (steps behind, in step) are saved with the guard's state.
-    trainer = json.loads((run / "checkpoints" / "step-12" / "trainer.json").read_text())
-    assert trainer["guard"]["distributed"]["stragglers"]["in_step"]
+    state = json.loads((run / "checkpoints" / "step-12" / "state.json").read_text())
+    assert state["values"]["guard"]["distributed"]["stragglers"]["in_step"]
     # No hang reports; the killed run's armed (empty) stack files were cleared on restart.
     assert not list(run.glob("hang-*.json"))
     assert [p.name for p in run.glob("stacks-rank*")] == []

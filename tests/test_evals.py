@@ -227,9 +227,7 @@ def test_drift_bits_per_byte_and_degenerate_input():
 
 def _fake_run_dir(tmp_path, tok, model):
     """A run dir laid out as trainguard writes it: tokenizer, recipe, checkpoints/step-N/."""
-    from safetensors.torch import save_model
-
-    from trainguard.checkpoint import CheckpointStore
+    from trainguard import Checkpointer
     from trainguard.config.load import recipe_to_dict, validate_recipe
     from trainguard.data.tokenizer import save_tokenizer
 
@@ -242,11 +240,7 @@ def _fake_run_dir(tmp_path, tok, model):
     text = yaml.safe_dump(recipe_to_dict(recipe))
     (run / "recipe.yaml").write_text(text)
 
-    def write(folder: Path) -> None:
-        (folder / "recipe.yaml").write_text(text)
-        save_model(model, str(folder / "model.safetensors"))
-
-    ckpt = Path(CheckpointStore(str(run / "checkpoints")).save(200, write).location)
+    ckpt = Path(Checkpointer(run / "checkpoints").save(200, {"model": model}))
     # An interrupted save (a temp folder, no manifest) at a later step must be ignored.
     (run / "checkpoints" / ".tmp-step-300-abc-999999").mkdir()
     return run, ckpt

@@ -34,13 +34,13 @@ def flip_byte(path: Path, offset: int = -100) -> None:
 def test_corrupt_checkpoint_falls_back_to_previous(tiny_recipe: Path, tiny_run_copy: Path) -> None:
     run_dir = tiny_run_copy
     args = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "-q", "--json"]
-    flip_byte(run_dir / "checkpoints" / "step-12" / "model.safetensors")
+    flip_byte(run_dir / "checkpoints" / "step-12" / "state.safetensors")
     res = invoke_cli(*args, "--set", "train.max_steps=16")
     payload = json.loads(res.stdout)
     assert payload["resumed_from"] == 8 and payload["final_step"] == 16
     corrupt = [f for f in payload["findings"] if "corrupt" in f["message"]]
     assert corrupt, payload["findings"]
-    assert "model.safetensors" in corrupt[0]["message"]
+    assert "state.safetensors" in corrupt[0]["message"]
     assert res.returncode == 0  # recovered: the run finished; the finding says what was lost
 
 

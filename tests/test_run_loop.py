@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from loophelpers import loop_without_data, run_checkpointer, run_state
 from runhelpers import tiny_recipe_dict
 from trainguard import ElasticSampler, Guard
+from trainguard.checkpoint.layout import FlatLayout
+from trainguard.checkpoint.read import read_module_state
 from trainguard.config.load import validate_recipe
 from trainguard.faults import FaultPlan
 from trainguard.guard.decision import Decision
@@ -26,8 +27,8 @@ from trainguard.guard.distributed.guards import DistributedGuards
 from trainguard.train import spine
 from trainguard.train.callback import Callback, RunContext
 from trainguard.train.distributed import Dist
-from trainguard.train.layout import Progress
 from trainguard.train.run import Run, _run_phases
+from trainguard.train.run_state import RunState
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainguard"
 
@@ -180,21 +181,19 @@ def test_the_loop_trains_on_while_a_checkpoint_is_written(
     3's forward and backward, is held until step 3 has finished (for a second at most): step
     3 must wait for it before its update (`Checkpointer.wait_copied`), or its update would
     land in step 2's files."""
-    import trainguard.train.layout as layout
-
-    gate, real_write = threading.Event(), layout.write_checkpoint_files
+    gate, real_write = threading.Event(), FlatLayout.write
     seen: dict[int, bool] = {}
-    real_copy, copied_after_step_3 = layout.RunLayout._copy_into, []
+    real_copy, copied_after_step_3 = FlatLayout._copy_into, []
 
-    def held_copy(self: Any, files: Any, parts: Any, *staging: Any) -> None:
-        if files.trainer["step"] == 2:
+    def held_copy(self: Any, snapshot: Any, *rest: Any) -> None:
+        if snapshot[0]["values"]["run"]["step"] == 2:
             copied_after_step_3.append(gate.wait(timeout=1.0))  # True: step 3 went on
-        real_copy(self, files, parts, *staging)
+        real_copy(self, snapshot, *rest)
 
-    def gated_write(folder: Path, files: Any) -> None:
-        if files.trainer["step"] == 2:
+    def gated_write(self: Any, folder: Path, snapshot: Any) -> None:
+        if snapshot[0]["values"]["run"]["step"] == 2:
             gate.wait(timeout=120)
-        real_write(folder, files)
+        real_write(self, folder, snapshot)
 
     class Watch(Callback):
         name = "watch"
@@ -204,21 +203,22 @@ def test_the_loop_trains_on_while_a_checkpoint_is_written(
             if step == 3:
                 gate.set()
 
-    monkeypatch.setattr(layout, "write_checkpoint_files", gated_write)
-    monkeypatch.setattr(layout.RunLayout, "_copy_into", held_copy)
+    monkeypatch.setattr(FlatLayout, "write", gated_write)
+    monkeypatch.setattr(FlatLayout, "_copy_into", held_copy)
     run_in_process(recipe_for(), tmp_path / "async", [Watch()])
     assert seen[3] is False  # step 3 ran while step 2's checkpoint was still being written
     assert copied_after_step_3 == [False]  # step 3 waited for the copy before its update
-    monkeypatch.setattr(layout, "write_checkpoint_files", real_write)
+    monkeypatch.setattr(FlatLayout, "write", real_write)
+    monkeypatch.setattr(FlatLayout, "_copy_into", real_copy)
     run_in_process(recipe_for(async_save=False), tmp_path / "sync")
     for step in (2, 4):  # the same checkpoints, committed by the time the run returned
         a, b = (
-            load_file(tmp_path / kind / "checkpoints" / f"step-{step}" / "model.safetensors")
+            read_module_state(tmp_path / kind / "checkpoints" / f"step-{step}")
             for kind in ("async", "sync")
         )
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         # byte for byte: step 2 is written from fresh copies, step 4 from refilled ones
-        for name in ("model.safetensors", "optimizer.pt", "rng.pt", "loader.json"):
+        for name in ("state.safetensors",):
             a, b = (
                 (tmp_path / kind / "checkpoints" / f"step-{step}" / name).read_bytes()
                 for kind in ("async", "sync")
@@ -233,16 +233,15 @@ def test_a_transient_bitflip_waits_for_the_previous_checkpoints_copy(
     thread copies step 4's weights. The copy is held until step 5's backward (a second at most,
     as a writer thread scheduled late would be): the flip must wait for it
     (`FaultPlan.settle_copy`), or step 4's checkpoint holds the flipped bit and still verifies."""
-    import trainguard.train.layout as layout
     from trainguard.faults import FaultPlan
 
     in_backward = threading.Event()
-    real_copy, real_at = layout.RunLayout._copy_into, FaultPlan.at
+    real_copy, real_at = FlatLayout._copy_into, FaultPlan.at
 
-    def late_copy(self: Any, files: Any, parts: Any, *staging: Any) -> None:
-        if files.trainer["step"] == 4:
+    def late_copy(self: Any, snapshot: Any, *rest: Any) -> None:
+        if snapshot[0]["values"]["run"]["step"] == 4:
             in_backward.wait(timeout=1.0)
-        real_copy(self, files, parts, *staging)
+        real_copy(self, snapshot, *rest)
 
     def at(self: FaultPlan, phase: str, step: int) -> None:
         if phase == "backward" and step == 5:
@@ -250,13 +249,13 @@ def test_a_transient_bitflip_waits_for_the_previous_checkpoints_copy(
             time.sleep(0.2)  # the flipped weight stays in place while the copy could read it
         real_at(self, phase, step)
 
-    monkeypatch.setattr(layout.RunLayout, "_copy_into", late_copy)
+    monkeypatch.setattr(FlatLayout, "_copy_into", late_copy)
     monkeypatch.setattr(FaultPlan, "at", at)
     run_in_process(recipe_for(max_steps=6), tmp_path / "async", faults="bitflip@5")
     monkeypatch.undo()
     run_in_process(recipe_for(async_save=False, max_steps=6), tmp_path / "sync", faults="bitflip@5")
     a, b = (
-        (tmp_path / kind / "checkpoints" / "step-4" / "model.safetensors").read_bytes()
+        (tmp_path / kind / "checkpoints" / "step-4" / "state.safetensors").read_bytes()
         for kind in ("async", "sync")
     )
     assert a == b, "step 4's checkpoint holds step 5's transiently flipped weight"
@@ -287,9 +286,10 @@ def test_callback_state_survives_a_restart_through_real_checkpoints(recipe_for, 
     run_dir = tmp_path / "run"
     first = Counter()
     run_in_process(recipe_for(), run_dir, [first])
-    saved = json.loads((run_dir / "checkpoints" / "step-4" / "trainer.json").read_text())
-    assert saved["callbacks"]["counter"] == {"seen": [1, 2, 3, 4]}
-    assert "validation" in saved["callbacks"] and "guard" in saved
+    saved = json.loads((run_dir / "checkpoints" / "step-4" / "state.json").read_text())
+    callbacks = saved["values"]["callbacks"]
+    assert callbacks["counter"] == {"seen": [1, 2, 3, 4]}
+    assert "validation" in callbacks and "guard" in saved["values"]
     again = Counter()
     run = run_in_process(recipe_for(max_steps=6), run_dir, [again])
     assert run.resumed_from == 4 and again.loaded == {"seen": [1, 2, 3, 4]}
@@ -310,7 +310,7 @@ def test_a_rollback_rewinds_the_model_not_the_callbacks(tmp_path: Path) -> None:
 
 
 def test_distributed_guard_state_travels_in_a_run_checkpoint(tmp_path: Path) -> None:
-    """Straggler windows and the replica rollback count are in trainer.json's guard state."""
+    """Straggler windows and the replica rollback count are in the checkpoint's guard state."""
     part = DistributedGuards(group=None)
     part.replica_rollbacks = 2
     for step in range(2):  # rank 1 behind in two steps: one more and it is named
@@ -321,7 +321,8 @@ def test_distributed_guard_state_travels_in_a_run_checkpoint(tmp_path: Path) -> 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     sampler = ElasticSampler(40, global_batch_size=4, seed=0)
     checkpointer = run_checkpointer(tmp_path / "ckpt")
-    progress = Progress(step=1)  # trainer.json's step must be the manifest's
+    progress = RunState()
+    progress.step = 1
     saved = run_state(model, optimizer, sampler, progress=progress, guard=Guard(distributed=part))
     checkpointer.save(1, saved)
     restored = Guard(distributed=DistributedGuards(group=None))

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from runhelpers import invoke_cli, run_cli
+from trainguard.checkpoint.read import read_module_state
 
 
 def step_rows(run_dir: Path) -> list[dict]:
@@ -22,7 +22,7 @@ def step_rows(run_dir: Path) -> list[dict]:
 
 
 def final_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_file(run_dir / "checkpoints" / f"step-{step}" / "model.safetensors")
+    return read_module_state(run_dir / "checkpoints" / f"step-{step}")
 
 
 def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -20,27 +20,25 @@ cache (node_cache.py) and read there by the machine's other ranks.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainguard.checkpoint.checkpointer_load import (
+    FORMAT,
+    CheckpointLoading,
+    _dicts,
+    _findings,
+    log,
+)
 from trainguard.checkpoint.dcp_files import is_sharded_module
 from trainguard.checkpoint.failures import failure_text
 from trainguard.checkpoint.group import CheckpointGroup
-from trainguard.checkpoint.layout import FlatLayout, Layout, Part, check_keys, classify
-from trainguard.checkpoint.results import AsyncSave, LoadedCheckpoint
-from trainguard.checkpoint.resume import (
-    check_payload,
-    name_rank,
-    refuse_if_none_usable,
-    restore_generators,
-    same_manifest,
-    unlisted,
-)
+from trainguard.checkpoint.layout import FlatLayout, Layout, Part, classify
+from trainguard.checkpoint.results import AsyncSave
 from trainguard.checkpoint.retry import RetryPolicy
 from trainguard.checkpoint.rng import capture_rng
 from trainguard.checkpoint.save_queue import SaveQueue, check_queue
@@ -53,13 +51,11 @@ from trainguard.util.paths import is_remote
 if TYPE_CHECKING:
     from trainguard.checkpoint.sharded import ShardedIO
 
-log = logging.getLogger("trainguard.checkpoint")
-FORMAT = 1
 DCP_LAYOUT = "dcp/1"
 Job = Callable[[], tuple[str, list[Finding]]]
 
 
-class Checkpointer:
+class Checkpointer(CheckpointLoading):
     """Collective, verified checkpoints of a dict of modules, optimizers, stateful objects,
     tensors and plain data. See the module docstring; docs/architecture.md has the contract.
 
@@ -68,13 +64,14 @@ class Checkpointer:
     issue 11's signature: `layout` (the files of a non-sharded checkpoint), `retry` (backoff,
     stagger and verification of remote transfers), `cache_dir` (the node cache, default
     `$TRAINGUARD_CACHE/node`), `on_phase(phase, step)` (fire drills: "shards_written" on every
-    rank, "checkpoint_rename" on rank 0 just before the commit), `background_copy` (below).
+    rank, "payload_written" on rank 0 once a non-sharded payload is written, "checkpoint_rename"
+    on rank 0 just before the commit), `background_copy` (below).
 
-    `background_copy=True` (with `async_save`, and a layout that has `stage`: `trainguard
-    run`'s) moves the copy of the weights and the optimizer state out of `save` too: it is the
-    writer thread's first work, beside the caller's next forward and backward, and the caller
-    calls `wait_copied()` before anything changes them (the optimizer step, a load). Other
-    layouts copy inside `save`, as without it.
+    `background_copy=True` (with `async_save`, and a layout that has `stage`: FlatLayout, the
+    default) moves the copy of the modules' and optimizers' tensors out of `save` too: it is
+    the writer thread's first work, beside the caller's next forward and backward, and the
+    caller calls `wait_copied()` before anything changes them (the optimizer step, a load).
+    Layouts without `stage` copy inside `save`, as without it.
 
     `queue` (with `async_save`): how many snapshots may be held at once, the one being written
     included; a save waits for the oldest write only when that many are held, or with
@@ -276,7 +273,7 @@ class Checkpointer:
                         copying.result()  # the copy's error is this save's
                     elif copy is not None and copied is not None:
                         _copy_then_set(copy, copied)  # first: the caller waits for it
-                    info = self.store.save(step, lambda d: self.layout.write(d, snapshot), meta)
+                    info = self.store.save(step, lambda d: self._write(d, snapshot, step), meta)
                     location, findings = info.location, info.findings
                 except Exception as e:
                     err = e
@@ -290,6 +287,13 @@ class Checkpointer:
             return outcome[0], _findings(outcome[2])
 
         return job
+
+    def _write(self, folder: Path, snapshot: Any, step: int) -> None:
+        """The layout's files into the temp folder; then "payload_written" (fire drills kill
+        there: the payload is on disk, its checksums and manifest are not)."""
+        self.layout.write(folder, snapshot)
+        if self.on_phase is not None:
+            self.on_phase("payload_written", step)
 
     def _background(self) -> ThreadPoolExecutor:
         """One thread for async saves and retention, in order."""
@@ -366,166 +370,9 @@ class Checkpointer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- loading -------------------------------------------------------------------------------
-    def steps(self) -> list[int]:
-        """Committed steps in the root (not yet verified)."""
-        return self.store.steps()
-
-    def load_latest(self, state: dict[str, Any]) -> int | None:
-        """Restore `state` in place from the newest valid checkpoint; collective.
-
-        Returns its step (completed steps), or None when there is none (a fresh start). Rank 0
-        picks the step (falling back past damaged ones) and every rank loads that one. When
-        checkpoints exist but none can be used, every rank raises NoUsableCheckpoint (C107):
-        starting over silently would lose the run; start over in another folder on purpose."""
-        parts = classify(state)
-        self._drain()
-        wait(self._housekeeping)  # retention must not delete a step while it is read
-        self._housekeeping = []
-        choice, findings, error, mine = None, [], None, None
-        if self.group.rank == 0:
-            try:
-                loaded = self.store.load_latest(usable=lambda c: self._usable(c, parts))
-                findings = self.store.last_findings
-                if loaded is not None:
-                    choice = (loaded.step, loaded.manifest["manifest_checksum"], loaded.manifest)
-                    mine = loaded.path
-            except Exception as e:
-                error = e
-        choice, text, finding_dicts = self.group.broadcast(
-            (choice, failure_text(error), _dicts(findings))
-        )
-        if error is not None:
-            raise error
-        if text is not None:
-            raise StorageError(text, "see rank 0's error")
-        findings = [name_rank(f) for f in _findings(finding_dicts)]
-        if choice is None:
-            self._report(findings)
-            refuse_if_none_usable(findings, self.root)
-            return None
-        step, checksum, manifest = choice
-        rng: list[dict] = []
-        try:
-            folder = self._folder(step, checksum, mine)
-            try:
-                rng = self._restore(folder, parts, state, step, manifest["meta"])
-            except Exception as e:
-                error = e
-            self._agree(error, f"restore checkpoint step {step}")
-        finally:
-            if self.store.backend.remote:  # the node cache may evict or refetch it now
-                self.store.backend.release_cache()
-        findings += restore_generators(rng, step, self.group.rank, self.group.size)
-        self._report(findings)
-        self.last_path, self.last_meta = folder, dict(manifest.get("meta") or {})
-        return step
-
-    def _usable(self, loaded: LoadedCheckpoint, parts: list[Part]) -> list[Finding]:
-        """Rank 0's checks of a verified step before it is chosen: the payload's format, the
-        layout's files listed in the manifest, then the layout's own (a layout with
-        `check(folder, parts, step) -> findings` reads its files against the caller's objects;
-        an error finding passes the step over)."""
-        found = check_payload(loaded)  # a sharded step: every file DCP would read is listed
-        info = loaded.manifest.get("meta", {}).get("checkpointer") or {}
-        if found or info.get("sharded"):
-            return found
-        # The layout's files must be listed: an unlisted one is never opened (a FIFO there
-        # would block the load), so the step is passed over like a damaged one.
-        # (A step of another layout is refused by `_restore` before anything is read.)
-        unmarked = not info and getattr(self.layout, "reads_unmarked", False)
-        mine = info.get("layout") == self.layout.name or unmarked
-        found = unlisted(loaded, getattr(self.layout, "files", ())) if mine else []
-        check = getattr(self.layout, "check", None)
-        if found or check is None:
-            return found
-        return check(loaded.path, parts, loaded.step)
-
-    def _folder(self, step: int, checksum: str, verified: Path | None) -> Path:
-        """The verified local folder of `step` on this rank; collective. `verified` is rank 0's.
-
-        Local roots are shared by every rank (rank 0 verified the files). Remote ones are
-        fetched once per machine: each node's local rank 0 downloads and verifies into the
-        node cache while the node's other ranks wait, then they verify the local copy."""
-        g, folder, error = self.group, verified, None
-
-        def fetch() -> None:
-            nonlocal folder, error
-            try:
-                folder = folder or self.store.load(step).path
-                same_manifest(folder, step, checksum, g.rank)
-            except Exception as e:
-                error = e
-
-        if not self.store.backend.remote:
-            folder = folder or Path(self.store.backend.location(step))
-            fetch()
-        else:
-            if g.rank == 0 or g.is_node_leader:
-                fetch()
-            g.barrier()  # the node's copy is in place before its other ranks look
-            if not (g.rank == 0 or g.is_node_leader):
-                fetch()
-        self._agree(error, f"fetch checkpoint step {step}")
-        assert folder is not None
-        return folder
-
-    def _restore(
-        self, folder: Path, parts: list[Part], state: dict, step: int, meta: dict
-    ) -> list[dict]:
-        info = meta.get("checkpointer")
-        if info is None and getattr(self.layout, "reads_unmarked", False):
-            return self.layout.read(folder, parts, state, step)  # the layout's older files
-        if not isinstance(info, dict) or info.get("format") != FORMAT:
-            raise BadInputError(
-                f"checkpoint step {step} in {self.root} was not written by a Checkpointer "
-                "(its manifest has no 'checkpointer' entry of this format)",
-                "point the Checkpointer at its own folder; `trainguard run` checkpoints are "
-                "read by `trainguard run`",
-            )
-        check_keys(info["keys"], parts, step)
-        if info["sharded"]:
-            return self.sharded_io.load(folder, parts, state, step)
-        if info["layout"] != self.layout.name:
-            raise BadInputError(
-                f"checkpoint step {step} has layout {info['layout']!r}; this Checkpointer "
-                f"reads {self.layout.name!r}",
-                "load it with a Checkpointer given the layout it was written with",
-            )
-        return self.layout.read(folder, parts, state, step)
-
-    # -- helpers -------------------------------------------------------------------------------
-    def _agree(self, error: BaseException | None, what: str) -> None:
-        """Raise on every rank if the step failed on any (the local error where it happened)."""
-        failed = self.group.agree(error)
-        if error is not None:
-            raise error
-        if failed:
-            rank, text, bad_input = failed[0]
-            cls = BadInputError if bad_input else StorageError
-            raise cls(f"could not {what}: rank {rank} failed: {text}", "see that rank's error")
-
-    def _report(self, findings: list[Finding]) -> None:
-        self.last_findings = findings
-        if self.group.rank != 0:
-            return
-        for f in findings:
-            level = {"error": logging.ERROR, "warning": logging.WARNING}.get(
-                f.severity, logging.INFO
-            )
-            log.log(level, "%s", f)
-
 
 def _copy_then_set(copy: Callable[[], None], copied: threading.Event) -> None:
     try:
         copy()
     finally:
         copied.set()
-
-
-def _dicts(findings: list[Finding]) -> list[dict]:
-    return [f.to_dict() for f in findings]
-
-
-def _findings(dicts: list[dict]) -> list[Finding]:
-    return [Finding.from_dict(d) for d in dicts]

@@ -38,11 +38,15 @@ class _Encoder:
     def __init__(self, copy: bool) -> None:
         self.copy = copy
         self.tensors: dict[str, torch.Tensor] = {}
-        self._by_id: dict[int, str] = {}
+        self._by_id: dict[Any, str] = {}
 
     def tensor(self, t: torch.Tensor, where: str) -> str:
-        if id(t) in self._by_id:  # tied weights: one tensor under two names, stored once
-            return self._by_id[id(t)]
+        # Tied weights: one tensor under two names (a state_dict's detached views of one
+        # parameter are distinct objects on one storage) is stored once, so a save from the
+        # live module and one from a staged copy (staging.py) write the same bytes.
+        same = _identity(t)
+        if same in self._by_id:
+            return self._by_id[same]
         if _is_dtensor(t):
             raise BadInputError(
                 f"{where} is a DTensor (a sharded parameter)",
@@ -58,7 +62,7 @@ class _Encoder:
         cpu = t.detach().to("cpu", copy=self.copy).contiguous()
         key = where
         self.tensors[key] = cpu
-        self._by_id[id(t)] = key
+        self._by_id[same] = key
         return key
 
     def encode(self, v: Any, where: str) -> Any:
@@ -104,6 +108,14 @@ def _refuse(v: Any, where: str) -> BadInputError:
         "give the object state_dict()/load_state_dict() methods that return plain data, or "
         "store its plain fields instead of the object",
     )
+
+
+def _identity(t: torch.Tensor) -> Any:
+    """What makes two tensors the same stored value: the same memory, viewed the same way."""
+    if _is_dtensor(t) or t.is_sparse or t.is_quantized or not t.numel():
+        return id(t)
+    storage = t.untyped_storage()
+    return (storage.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:

@@ -8,14 +8,15 @@ and back. `FlatLayout`, the default, writes
     state.json + state.safetensors   every value's state (codec.py: JSON skeleton + tensors)
                                      and every rank's generator states (rng.py), by rank
 
-A loop with an established file layout (`trainguard run`: model.safetensors, optimizer.pt,
-loader.json, ... read by eval, report and the drills) passes its own Layout instead; the
-Checkpointer keeps the rest (snapshot, async, manifest, verification, fallback, retention).
+Every loop gets this format, `trainguard run` included (its counters, schedule, guard and
+callbacks are ordinary state entries); eval, report and the drills read a step's weights
+through `checkpoint/read.py`. The Checkpointer keeps the rest (async, manifest, verification,
+fallback, retention).
 """
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,8 +24,12 @@ from typing import Any, Protocol
 import torch
 
 from trainguard.checkpoint import codec
-from trainguard.checkpoint.staging import one_thread
+from trainguard.checkpoint.fit import is_optimizer_like
+from trainguard.checkpoint.inventory import unloadable
+from trainguard.checkpoint.read import state_problem
+from trainguard.checkpoint.staging import Staging, one_thread
 from trainguard.errors import BadInputError
+from trainguard.findings import Finding
 
 KIND_ORDER = ("module", "optimizer", "stateful", "tensor", "plain")  # restore order
 
@@ -146,30 +151,102 @@ class Layout(Protocol):
 
 
 class FlatLayout:
-    """The default layout: state.json (skeleton) and state.safetensors (tensors)."""
+    """The default layout: state.json (skeleton) and state.safetensors (tensors).
+
+    An asynchronous save copies modules and optimizers into buffers kept from one save to the
+    next (staging.py), one set per snapshot the Checkpointer may hold (`use_slot`); with
+    `stage` that copy is the writer thread's (`Checkpointer(background_copy=True)`)."""
 
     name = "flat/1"
     files = codec.state_files("state")
 
+    def __init__(self) -> None:
+        self.stagings = [Staging()]
+        self.slot = 0
+
+    def use_slot(self, slot: int) -> None:
+        """Fill slot `slot`'s buffers at the next snapshot: the Checkpointer names one that no
+        queued or running write reads (`SaveQueue.free_slot`)."""
+        while len(self.stagings) <= slot:
+            self.stagings.append(Staging())
+        self.slot = slot
+
     def snapshot(self, parts: list[Part], rng: list[dict[str, Any]], copy: bool) -> Any:
-        values, tensors = {}, {}
-        with one_thread() if copy else contextlib.nullcontext():  # staging.py says why
-            for p in parts:
-                values[p.key], t = codec.encode(p.state(), p.where, copy=copy)
-                tensors.update(t)
-        rng_doc, rng_tensors = codec.encode(rng, "rng", copy=copy)  # keys "rng[r]...": distinct
+        if not copy:
+            return self._capture(parts, rng, copy=False, staged=())
+        with one_thread():  # staging.py says why
+            snap, fill = self.stage(parts, rng, now=True)
+            if fill is not None:
+                fill()
+        return snap
+
+    def stage(
+        self, parts: list[Part], rng: list[dict[str, Any]], now: bool = False
+    ) -> tuple[Any, Callable[[], None] | None]:
+        """The snapshot but for the modules' and optimizers' tensors, and the callable that
+        copies those (in the writer thread, beside the caller's next forward and backward,
+        which change neither; the caller waits for it before its update). A module with
+        buffers is copied at once (a forward may change them: BatchNorm's running statistics),
+        and so is everything with `now`."""
+        staged = [p for p in parts if _staged(p)]
+        if not now and any(
+            next(p.value.buffers(), None) is not None for p in staged if p.kind == "module"
+        ):
+            return self.snapshot(parts, rng, True), None
+        snap = self._capture(parts, rng, copy=True, staged=staged)
+        staging = self.stagings[self.slot]  # this save's slot, whenever the copy runs
+        if not staged:
+            return snap, None
+        return snap, lambda: self._copy_into(snap, staged, staging)
+
+    def _copy_into(self, snapshot: Any, staged: list[Part], staging: Staging) -> None:
+        """Copy the staged parts' tensors into `staging`'s buffers, into the snapshot."""
+        doc, tensors = snapshot
+        for p in staged:
+            if p.kind == "module":
+                value = staging.model(p.value, p.key).state_dict()
+            else:
+                value = staging.tree(p.value.state_dict(), p.key)
+            doc["values"][p.key], tensors[p.key] = codec.encode(value, p.where)
+
+    def _capture(
+        self, parts: list[Part], rng: list[dict[str, Any]], copy: bool, staged: Any
+    ) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
+        """(skeleton, tensors by part) of every part not in `staged` (those are filled
+        later, into the places kept for them so the files do not depend on when)."""
+        values: dict[str, Any] = {}
+        tensors: dict[str, dict[str, torch.Tensor]] = {}
+        skip = {p.key for p in staged}
+        for p in parts:
+            values[p.key], tensors[p.key] = (
+                (None, {}) if p.key in skip else codec.encode(p.state(), p.where, copy=copy)
+            )
+        rng_doc, tensors[RNG] = codec.encode(rng, "rng", copy=copy)  # keys "rng[r]...": distinct
         doc = {"values": values, "kinds": {p.key: p.kind for p in parts}, "rng": rng_doc}
-        return doc, tensors | rng_tensors
+        return doc, tensors
 
     def add_rng(self, snapshot: Any, rng: list[dict[str, Any]]) -> Any:
         """The snapshot with these generator states instead of the ones it was taken with."""
         doc, tensors = snapshot
         rng_doc, rng_tensors = codec.encode(rng, "rng")
-        tensors = {k: t for k, t in tensors.items() if not k.startswith("rng[")}
-        return {**doc, "rng": rng_doc}, tensors | rng_tensors
+        return {**doc, "rng": rng_doc}, {**tensors, RNG: rng_tensors}
 
     def write(self, folder: Path, snapshot: Any) -> None:
-        codec.write_state(folder, "state", *snapshot)
+        doc, by_part = snapshot
+        tensors: dict[str, torch.Tensor] = {}
+        for part in by_part.values():
+            tensors.update(part)
+        codec.write_state(folder, "state", doc, tensors)
+
+    def check(self, folder: Path, parts: list[Part], step: int) -> list[Finding]:
+        """C111 when step `step` does not fit the caller's state (keys and kinds, module and
+        optimizer shapes, a stateful object's own check, the generator states), read from
+        state.json and the header of state.safetensors; nothing changes."""
+        problem = state_problem(folder, parts, step)
+        if problem is None:
+            return []
+        file, why = problem
+        return [unloadable(step, folder, file, why)]
 
     def read(
         self, folder: Path, parts: list[Part], state: dict[str, Any], step: int
@@ -181,3 +258,13 @@ class FlatLayout:
                 if p.kind == kind:
                     restore(p, doc["values"][p.key], state, step)
         return doc["rng"]
+
+
+RNG = "\0rng"  # the generator states' tensors, apart from every part's (keys are str)
+
+
+def _staged(part: Part) -> bool:
+    """Copied into kept buffers: modules and optimizers (most of the bytes of a save)."""
+    return part.kind == "module" or (
+        part.kind in ("optimizer", "stateful") and is_optimizer_like(part.value)
+    )

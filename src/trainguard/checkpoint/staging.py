@@ -1,10 +1,10 @@
 """The copy of the state that a background checkpoint write reads (`async_save=True`).
 
 An asynchronous save must copy the state before the loop changes it. `Staging` makes that copy
-for `trainguard run`'s layout (train/layout.py): in the Checkpointer's writer thread while the
-loop runs its next forward and backward (`RunLayout.stage`), or in the loop's thread
-(`RunLayout.snapshot`). `one_thread` serves every copy made in the loop's thread (FlatLayout's,
-the sharded one, the run's). `copy.deepcopy` of
+of the modules and optimizers for `FlatLayout` (layout.py): in the Checkpointer's writer thread
+while the loop runs its next forward and backward (`FlatLayout.stage`, with
+`background_copy=True`), or in the loop's thread (`FlatLayout.snapshot`). `one_thread` serves
+every copy made in the loop's thread (FlatLayout's, the sharded one). `copy.deepcopy` of
 the model and of the optimizer's state dict walks every Python object of the module and
 allocates every tensor afresh at each save: about 25 ms of CPU on the default model, where
 copying the tensors into buffers kept from the previous save takes about 1 ms, and on a shared
@@ -20,7 +20,7 @@ default run's state is 176 tensors (12.9 MB, 27 of them split); on the shared 2-
 its deepcopy took 106-1110 ms on two threads (the waiting thread spinning: 15-210 ms of CPU)
 and 26-96 ms on one, same code, side by side. Copying memory is bound by memory bandwidth, so
 one core loses little even on an idle machine, and the save it replaces writes the same bytes
-to disk. In any other thread (the Checkpointer's writer, `RunLayout.stage`) `one_thread` must
+to disk. In any other thread (the Checkpointer's writer, `FlatLayout.stage`) `one_thread` must
 not be used: `torch.set_num_threads` also sets MKL's thread count, for the whole process, under
 the loop's matrix products; there the copy runs beside the loop's forward and backward, and the
 loop waits for it (`Checkpointer.wait_copied`) only if the forward and backward end first.
@@ -69,24 +69,26 @@ class Staging:
         self.refills = 0
         """How many copies were refilled in place rather than allocated (tests read it)."""
 
-    def model(self, live: nn.Module) -> StagedModel:
-        """`live`'s weights now, where `live`'s later updates do not reach them."""
+    def model(self, live: nn.Module, name: str = "model") -> StagedModel:
+        """`live`'s weights now, where `live`'s later updates do not reach them (`name`: the
+        buffers' name in this Staging, one per module)."""
         state = live.state_dict()
         shared = _distinct(list(state.values()), by_object=False)
         if shared is None:  # the tensors only: a module's other attributes may be changing
             return StagedModel(copy.deepcopy(state))  # (a forward beside the writer thread)
         unique, index = shared
-        buffers = self._fill("model", unique)
+        buffers = self._fill(f"model:{name}", unique)
         return StagedModel(OrderedDict((k, buffers[i]) for k, i in zip(state, index, strict=True)))
 
-    def tree(self, live: Any) -> Any:
+    def tree(self, live: Any, name: str = "tree") -> Any:
         """`live` (dicts, lists and tuples of tensors and plain values: an optimizer's state
-        dict) copied, its tensors into the buffers of the previous call when they fit."""
+        dict) copied, its tensors into the buffers of the previous call of the same `name`
+        when they fit."""
         shared = _distinct(list(_tensors(live, set())), by_object=True)
         if shared is None:
             return copy.deepcopy(live)
         unique, index = shared
-        buffers = self._fill("tree", unique)
+        buffers = self._fill(f"tree:{name}", unique)
         return _rebuild(live, (buffers[i] for i in index), {})
 
     def _fill(self, slot: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -76,12 +76,16 @@ def checkpoint_embedding(
 
     A trainguard checkpoint (a step folder, a file inside one, or a run dir) goes through the
     verified loader: a damaged one is a finding, a run dir falls back to the previous valid
-    checkpoint. Any other safetensors file (a model from elsewhere) is read as it is.
+    checkpoint, and the embedding comes from its "model" module
+    (`checkpoint.read.read_module_state`). Any other safetensors file (a model from
+    elsewhere) is read as it is.
     """
-    from trainguard.checkpoint.folder import RefusedFile, listed_path
+    from trainguard.checkpoint.checkpointer_load import LegacyRunCheckpoint, is_legacy_run_step
     from trainguard.checkpoint.inventory import load_error_words, unloadable
+    from trainguard.checkpoint.read import STATE_TENSORS, read_module_state
     from trainguard.checkpoint.target import is_checkpoint_folder, open_checkpoint
-    from trainguard.checks.undertrained import UnreadableWeights, load_embedding
+    from trainguard.checks.undertrained import embedding_from_state, load_embedding
+    from trainguard.errors import TrainguardError
 
     folder = path.parent if path.is_file() else path
     run_dir = path.is_dir() and (
@@ -92,14 +96,14 @@ def checkpoint_embedding(
     got: dict[str, tuple[np.ndarray, str]] = {}
 
     def usable(loaded: LoadedCheckpoint) -> list[Finding]:
-        file = path.name if path.is_file() else "model.safetensors"
-        listed = ""
-        try:  # only a file the manifest lists, never through a link (checkpoint/folder.py)
-            with listed_path(loaded.path, file, loaded.manifest["files"]) as listed:
-                got["weights"] = load_embedding(listed, key)
-        except (UnreadableWeights, RefusedFile) as e:
-            why = load_error_words(e).replace(listed or "\0", str(loaded.path / file))
-            return [unloadable(loaded.step, loaded.path, file, why)]
+        if is_legacy_run_step(loaded.manifest):
+            owner = path if run_dir else loaded.path.parent.parent
+            raise LegacyRunCheckpoint(loaded.step, str(loaded.path.parent), str(owner))
+        try:
+            state = read_module_state(loaded.path, "model")
+        except TrainguardError as e:
+            return [unloadable(loaded.step, loaded.path, STATE_TENSORS, load_error_words(e))]
+        got["weights"] = embedding_from_state(state, key, f"checkpoint {loaded.path}")
         return []
 
     loaded, findings = open_checkpoint(folder if path.is_file() else path, usable)

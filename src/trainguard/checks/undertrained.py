@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trainguard.errors import BadInputError
 from trainguard.findings import Finding
+
+if TYPE_CHECKING:
+    import torch
 
 EMBEDDING_KEYS = (
     "tok_emb.weight",
@@ -64,22 +67,38 @@ def _read_embedding(path: Path, key: str | None) -> tuple[np.ndarray, str]:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        keys = list(f.keys())
-        if key is None:
-            key = next((k for k in EMBEDDING_KEYS if k in keys), None)
-            if key is None:
-                key = next(
-                    (k for k in keys if k.endswith(("emb.weight", "embedding.weight"))), None
-                )
-        if key is None or key not in keys:
-            matrices = [k for k in keys if len(f.get_slice(k).get_shape()) == 2]
-            raise BadInputError(
-                f"{path} has no embedding matrix {key!r}",
-                f"pass --embedding-key with one of the 2-D tensors: {matrices[:20]}",
-            )
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+        key = _embedding_key(shapes, key, str(path))
         tensor = f.get_tensor(key)
+    return _matrix(tensor, key, str(path))
+
+
+def embedding_from_state(
+    state: dict[str, torch.Tensor], key: str | None, where: str
+) -> tuple[np.ndarray, str]:
+    """(weight as float64 (V, d), key) from a module's state dict (a checkpoint's "model",
+    `checkpoint.read.read_module_state`); `where` names it in messages."""
+    key = _embedding_key({k: list(t.shape) for k, t in state.items()}, key, where)
+    return _matrix(state[key], key, where)
+
+
+def _embedding_key(shapes: dict[str, list[int]], key: str | None, where: str) -> str:
+    if key is None:
+        key = next((k for k in EMBEDDING_KEYS if k in shapes), None)
+        if key is None:
+            key = next((k for k in shapes if k.endswith(("emb.weight", "embedding.weight"))), None)
+    if key is None or key not in shapes:
+        matrices = [k for k, shape in shapes.items() if len(shape) == 2]
+        raise BadInputError(
+            f"{where} has no embedding matrix {key!r}",
+            f"pass --embedding-key with one of the 2-D tensors: {matrices[:20]}",
+        )
+    return key
+
+
+def _matrix(tensor: torch.Tensor, key: str, where: str) -> tuple[np.ndarray, str]:
     if tensor.ndim != 2:
-        raise BadInputError(f"{key} in {path} is not a matrix", "pass a (vocab, dim) tensor")
+        raise BadInputError(f"{key} in {where} is not a matrix", "pass a (vocab, dim) tensor")
     return tensor.detach().float().numpy().astype(np.float64), key
 
 

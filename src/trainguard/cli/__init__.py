@@ -36,6 +36,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "check-model": ("check_model",),
     "check-precision": ("check_precision",),
     "check-tokenizer": ("check_tokenizer",),
+    "checkpoint": ("checkpoint",),
     "data": (
         "data_ablate",
         "data_check_chat",

@@ -8,6 +8,7 @@ _HELP = {
     "data": "Prepare, deduplicate, filter and inspect training data; check it against evals, "
     "check a loader's order and check chat (instruction-tuning) data.",
     "scale": "Gating runs and scaling-law fits that predict a big run's loss.",
+    "checkpoint": "Checkpoints of a run dir: convert an earlier release's to the one format.",
     "reference": "Reference curves: a known-good run that later runs are compared with.",
 }
 

@@ -29,7 +29,10 @@ def register(app: typer.Typer) -> None:
         eot: Annotated[str, typer.Option(help="End-of-text token.")] = "<|endoftext|>",
         checkpoint: Annotated[
             Path | None,
-            typer.Option(help="Trained model.safetensors: list under-trained tokens (T110)."),
+            typer.Option(
+                help="A trained checkpoint (run dir or step folder) or a safetensors file: "
+                "list under-trained tokens (T110)."
+            ),
         ] = None,
         embedding_key: Annotated[
             str | None, typer.Option(help="Tensor name of the (vocab, dim) embedding.")

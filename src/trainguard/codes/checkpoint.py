@@ -201,10 +201,12 @@ register(
         code="C111",
         title="Checkpoint verifies but cannot be loaded",
         severity="error",
-        catches="A checkpoint whose files match their checksums but do not load: optimizer.pt or "
-        "rng.pt holding pickled Python objects (trainguard loads tensors only), trainer.json or "
-        "loader.json that is not valid or not what trainguard writes, weights or optimizer "
-        "moments whose tensor shapes differ from the model. The finding names the file.",
+        catches="A checkpoint whose files match their checksums but do not load: state.json "
+        "that is not valid or not what trainguard writes, state keys, weights or optimizer "
+        "moments whose names or tensor shapes differ from the model, a sampler order or "
+        "generator states that do not fit (checked before anything loads), a file the manifest "
+        "does not list, or (framework folders) a pickle holding Python objects (trainguard "
+        "loads tensors only). The finding names the file.",
         why="A manifest can be rewritten to bless any content; loading a pickle would run "
         "arbitrary code, and a crash on load leaves the run unable to resume from anything.",
         fix="The loader falls back to the previous checkpoint and the next save moves the step "

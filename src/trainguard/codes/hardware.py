@@ -29,7 +29,8 @@ register(
         why="Kernels, defaults and numerics change between versions; a resumed run is then no "
         "longer the run that was planned, and bitwise reproducibility is lost without any error. "
         "Next to a departure from the reference it names the likely cause.",
-        fix="Resume (or rerun) with the environment recorded in the checkpoint's env.json or the "
+        fix="Resume (or rerun) with the environment recorded in the checkpoint's manifest (meta "
+        "env) or the "
         "reference's env, or accept the drift knowingly and note it in the run log.",
         false_positives="A git revision change that touches only docs or tests.",
         references=("OLMo-core: environment logging per checkpoint",),

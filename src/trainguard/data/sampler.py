@@ -23,6 +23,7 @@ consecutive micro-batches (a ramp accumulates more micro-batches as the batch gr
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -361,3 +362,13 @@ class ElasticSampler(Sampler[int]):
         self.order = ElasticOrder(self.num_samples, seed)
         self._skipped = ranges
         self._saved = None if differs is None else (saved, differs)
+
+    def state_problem(self, state: Any) -> str | None:
+        """Why `state` would not load into this sampler, found on a scratch copy (nothing of
+        this one changes): a Checkpointer passes over a step that does not fit before it loads
+        anything (checkpoint/fit.py)."""
+        try:
+            copy.copy(self).load_state_dict(state)
+        except (BadInputError, ConfigError) as e:
+            return e.message
+        return None

@@ -113,9 +113,17 @@ class RunOutcome:
         return [r for r in read_metrics(self.run_dir) if r.get("kind") == kind]
 
     def weights_checksum(self) -> str | None:
-        """The checksum of `model.safetensors` in the newest checkpoint's manifest (written by
-        the run, verified on every load): equal checksums mean bitwise equal weights."""
+        """A checksum of the model's weights in the newest checkpoint (verified first, read
+        through `checkpoint.read.read_module_state`): equal checksums mean bitwise equal
+        weights."""
+        import torch
+
+        from trainguard.checkpoint.folder import verify_local_folder
         from trainguard.checkpoint.manifest import parse_step_dirname
+        from trainguard.checkpoint.read import read_module_state
+        from trainguard.errors import TrainguardError
+        from trainguard.findings import has_errors
+        from trainguard.util.hashing import bytes_checksum
 
         root = self.run_dir / "checkpoints"
         steps = [
@@ -125,11 +133,20 @@ class RunOutcome:
         ]
         if not steps:
             return None
-        try:
-            manifest = json.loads((max(steps)[1] / "manifest.json").read_text(encoding="utf-8"))
-            return str(manifest["files"]["model.safetensors"]["checksum"])
-        except (OSError, ValueError, KeyError, TypeError):
+        step, folder = max(steps)
+        if has_errors(verify_local_folder(folder, step)):
             return None
+        try:
+            state = read_module_state(folder, "model")
+        except TrainguardError:
+            return None
+        data = b"".join(
+            name.encode()
+            + b"\0"
+            + state[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+            for name in sorted(state)
+        )
+        return bytes_checksum(data)
 
     def last_logged_step(self) -> int:
         return max((r["step"] for r in self.rows("step")), default=0)

@@ -66,7 +66,7 @@ def corrupt_checkpoint(ctx: DrillContext) -> DrillRow:
     step = ctx.plan.fault_step
 
     def flip_a_byte(out: RunOutcome) -> None:
-        path = out.run_dir / "checkpoints" / f"step-{step}" / "model.safetensors"
+        path = out.run_dir / "checkpoints" / f"step-{step}" / "state.safetensors"
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0xFF  # inside the tensor payload: the file still parses
         path.write_bytes(bytes(data))
@@ -76,7 +76,7 @@ def corrupt_checkpoint(ctx: DrillContext) -> DrillRow:
     row = relaunch_drill(
         ctx, "corrupt_checkpoint", inject, ["C101", "C102"], ("C150",), between=flip_a_byte
     )
-    row.inject = f"{inject}, then a byte of step-{step}/model.safetensors flipped"
+    row.inject = f"{inject}, then a byte of step-{step}/state.safetensors flipped"
     return row
 
 

@@ -2,8 +2,10 @@
 
 Checkpoints go through the verified loader (`checkpoint.target.open_checkpoint`): a damaged
 checkpoint is a finding (C101-C111), a run dir falls back to the previous valid one, and a
-single damaged checkpoint gives no model at all. Weights come from `model.safetensors` only:
-never unpickle (docs/architecture.md, convention 10).
+single damaged checkpoint gives no model at all. Weights come from the step's "model" module
+(`checkpoint.read.read_module_state`: any Checkpointer checkpoint, flat or sharded; JSON and
+safetensors only, never unpickled: docs/architecture.md, convention 10). A step of the run's
+earlier format is refused with the command that converts it (exit 2).
 """
 
 from __future__ import annotations
@@ -13,16 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model
 
-from trainguard.checkpoint.folder import listed_path
+from trainguard.checkpoint.checkpointer_load import LegacyRunCheckpoint, is_legacy_run_step
 from trainguard.checkpoint.inventory import load_error_words, unloadable
+from trainguard.checkpoint.read import STATE_TENSORS, read_module_state
 from trainguard.checkpoint.results import LoadedCheckpoint
-from trainguard.checkpoint.target import open_checkpoint
+from trainguard.checkpoint.target import is_checkpoint_folder, open_checkpoint
 from trainguard.errors import BadInputError, CorruptError
 from trainguard.findings import Finding
-
-MODEL_FILE = "model.safetensors"
 
 
 @dataclass
@@ -69,14 +69,15 @@ def open_for_eval(target: str | Path, device: str | torch.device = "cpu") -> Eva
     model = GPT(recipe.model, vocab_size=tokenizer.get_vocab_size(), seq_len=recipe.data.seq_len)
 
     def usable(loaded: LoadedCheckpoint) -> list[Finding]:
+        if is_legacy_run_step(loaded.manifest):
+            run_dir = target if not is_checkpoint_folder(target) else target.parent.parent
+            raise LegacyRunCheckpoint(loaded.step, str(loaded.path.parent), str(run_dir))
         try:
-            # load_model, not load_file + load_state_dict: it restores tied weights (wte and
-            # lm_head) that safetensors stores once. A shape error leaves the model partly
-            # loaded; the next candidate is loaded in full (strict) over it.
-            with listed_path(loaded.path, MODEL_FILE, loaded.manifest["files"]) as path:
-                load_model(model, path, strict=True)
+            # A shape error leaves the model partly loaded; the next candidate is loaded in
+            # full (strict) over it.
+            model.load_state_dict(read_module_state(loaded.path, "model"), strict=True)
         except Exception as e:
-            return [unloadable(loaded.step, loaded.path, MODEL_FILE, load_error_words(e))]
+            return [unloadable(loaded.step, loaded.path, STATE_TENSORS, load_error_words(e))]
         return []
 
     loaded, findings = open_checkpoint(target, usable)

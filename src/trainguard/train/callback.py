@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from trainguard.config.schema import Recipe
     from trainguard.metrics.sinks import MetricsFanout
     from trainguard.train.distributed import World
-    from trainguard.train.layout import Progress
     from trainguard.train.progress import ProgressDisplay
+    from trainguard.train.run_state import RunState
 
 
 @dataclass
@@ -47,7 +47,7 @@ class RunContext:
     device: torch.device
     metrics: MetricsFanout
     display: ProgressDisplay
-    progress: Progress
+    progress: RunState
     model: torch.nn.Module = None  # type: ignore[assignment]  (set once built, before pre_train)
     optimizer: Any = None
     findings: list[Finding] = field(default_factory=list)

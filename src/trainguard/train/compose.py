@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainguard.checkpoint.checkpointer import Checkpointer
+from trainguard.config.identity import recipe_hash
+from trainguard.config.load import recipe_to_dict
 from trainguard.data.sampler import ElasticSampler
 from trainguard.data.shards import data_identity
 from trainguard.faults import FaultPlan
@@ -120,11 +122,18 @@ def compose(
         "model": ctx.model,
         "optimizer": ctx.optimizer,
         "sampler": sampler,
-        "progress": ctx.progress,
+        "run": ctx.progress,
         "guard": guard,
         "callbacks": callbacks,
     }
-    meta = {"data_identity": data_identity(data.manifest)}
+    recipe = recipe_to_dict(r)
+    # In every manifest: what the step was trained on and with (D104, H101, R620 read it).
+    meta = {
+        "data_identity": data_identity(data.manifest),
+        "recipe": recipe,
+        "recipe_hash": recipe_hash(recipe),
+        "env": env,
+    }
     loop = Loop(ctx, trainer, sampler, guard, checkpointer, callbacks, state, faults, meta)
     return Composed(loop, resume, validation, watchdog)
 

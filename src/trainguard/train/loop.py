@@ -28,7 +28,7 @@ class Loop:
     checkpointer: Checkpointer
     callbacks: Callbacks
     state: dict[str, Any]
-    """What every checkpoint holds and a rollback restores (train/layout.py)."""
+    """What every checkpoint holds and a rollback restores (train/run_state.py)."""
     faults: FaultPlan = field(default_factory=FaultPlan)
     checkpoint_meta: dict[str, Any] = field(default_factory=dict)
     """Written into each checkpoint's manifest (the data's identity, for D104 on resume)."""

@@ -15,16 +15,15 @@ D104) before anything on disk changes, and described (`resumed_findings`: C150, 
 from __future__ import annotations
 
 import dataclasses
+import shlex
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainguard.checkpoint.checkpointer import Checkpointer
+from trainguard.checkpoint.checkpointer_load import LegacyRunCheckpoint
 from trainguard.checkpoint.failures import describe
-from trainguard.checkpoint.folder import RefusedFile, open_listed
-from trainguard.checkpoint.layout import Layout
 from trainguard.checkpoint.local import ATTIC, free_path
 from trainguard.checkpoint.store import CheckpointStore
 from trainguard.codes.checkpoint import C107_IN_RUN
@@ -34,7 +33,6 @@ from trainguard.errors import NoUsableCheckpoint, RunHalted, StorageError, Train
 from trainguard.findings import Finding
 from trainguard.guard.hang_report import read_hang_reports
 from trainguard.metrics.jsonl import read_metrics
-from trainguard.train.checkpoint_files import RECIPE_FILE
 from trainguard.train.envinfo import drift_findings
 from trainguard.train.refusals import refuse_blocked_attic
 from trainguard.train.saving import checkpoint_queue
@@ -49,18 +47,21 @@ def checkpoint_root(recipe: Recipe, run_dir: Path) -> str:
     return recipe.checkpoint.dir or str(run_dir / "checkpoints")
 
 
-def open_checkpointer(recipe: Recipe, run_dir: Path, layout: Layout) -> Checkpointer:
+def open_checkpointer(
+    recipe: Recipe, run_dir: Path, on_phase: Callable[[str, int], None] | None = None
+) -> Checkpointer:
     """The run's checkpointer (collective under torch.distributed): a path or any fsspec URL
     (`checkpoint.dir`) with its storage options; a remote one is fetched once per machine into
     the node cache (`$TRAINGUARD_CACHE/node`). With `checkpoint.async_save` (the default) a
     save writes in the background (`spine.save_checkpoint`), and copies the weights and the
     optimizer state there too, while the next step's forward and backward run (the step waits
-    for the copy before its update: `spine.train_step`)."""
+    for the copy before its update: `spine.train_step`). `on_phase`: the Checkpointer's
+    phases, for fire drills."""
     return Checkpointer(
         checkpoint_root(recipe, run_dir),
         keep=recipe.checkpoint.keep,
         storage_options=getattr(recipe.checkpoint, "storage_options", None) or None,
-        layout=layout,
+        on_phase=on_phase,
         async_save=recipe.checkpoint.async_save,
         background_copy=recipe.checkpoint.async_save,
         **checkpoint_queue(recipe),
@@ -83,11 +84,14 @@ def probe_store(store: Checkpointer | CheckpointStore, root: str) -> None:
         ) from None
 
 
-def load_or_refuse(checkpointer: Checkpointer, state: dict[str, Any]) -> int | None:
+def load_or_refuse(checkpointer: Checkpointer, state: dict[str, Any], run_dir: Path) -> int | None:
     """Restore the newest usable checkpoint into `state` (None: none yet, step 0). When steps
-    exist but none can be used: NoUsableCheckpoint (exit 1, C107), nothing changed."""
+    exist but none can be used: NoUsableCheckpoint (exit 1, C107), nothing changed. A step of
+    the earlier run format: LegacyRunCheckpoint (exit 2) with the command for this run dir."""
     try:
         return checkpointer.load_latest(state)
+    except LegacyRunCheckpoint as e:
+        raise LegacyRunCheckpoint(e.step, e.root, shlex.quote(str(run_dir))) from None
     except NoUsableCheckpoint as e:
         none = [f for f in e.findings if f.code == "C107"]
         why = none[0].message if none else e.message
@@ -212,26 +216,26 @@ def start_fresh(recipe: Recipe, run_dir: Path) -> list[Finding]:
 
 
 def schedule_to_resume(
-    recipe: Recipe, step: int | None, saved: list[dict[str, Any]] | None, folder: Path | None
+    recipe: Recipe, step: int | None, saved: list[dict[str, Any]] | None, meta: dict[str, Any]
 ) -> tuple[LrSchedule, list[Finding]]:
     """The LR schedule of a run resuming at checkpoint `step` (the recipe's cosine on a fresh
     start, `step` None) and R620 when train.max_steps changed since that checkpoint;
     ConfigError (exit 2) when it is below the checkpoint's step. `saved`: the checkpoint's
-    segments (None before they were saved: then its recipe.yaml in `folder` gives the plan)."""
+    segments (None before they were saved: then the recipe in its manifest's `meta` gives the
+    plan)."""
     t = recipe.train
     if step is None:
         return LrSchedule.planned(t.warmup_steps, t.min_lr_ratio, t.max_steps), []
-    planned = None if saved else _checkpoint_max_steps(folder)
+    planned = None if saved else _checkpoint_max_steps(meta)
     return resumed_schedule(t, step, saved, planned)
 
 
-def _checkpoint_max_steps(folder: Path | None) -> int | None:
-    """train.max_steps of a checkpoint's recipe.yaml (written before schedules were saved);
-    None when it cannot be read: the plan is then taken to be the current max_steps."""
+def _checkpoint_max_steps(meta: dict[str, Any]) -> int | None:
+    """train.max_steps of the recipe a checkpoint was written with (its manifest's `meta`,
+    carried over from recipe.yaml by the converter for steps written before schedules were
+    saved); None when it is not there: the plan is then taken to be the current max_steps."""
     try:
-        with open_listed(Path(folder), RECIPE_FILE) as f:  # type: ignore[arg-type]
-            doc = yaml.safe_load(f.read().decode("utf-8"))
-        value = doc["train"]["max_steps"]
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, RefusedFile):
+        value = meta["recipe"]["train"]["max_steps"]
+    except (KeyError, TypeError):
         return None
     return value if type(value) is int and value >= 1 else None

@@ -5,7 +5,7 @@ This module composes the run from its parts and is imported by nothing in `train
 `scale run` and the public `trainguard.run_recipe` call it):
 
     ElasticSampler        the data order, skipped ranges after a rollback, batch hashes
-    Checkpointer          verified checkpoints in the run's layout (train/layout.py)
+    Checkpointer          verified checkpoints in the format every loop gets (run_state.py)
     Guard                 the detectors and their actions, with its DistributedGuards part
     Trainer               the arithmetic of a step and of an evaluation (train/compute.py)
     callbacks             pre-flight, the resume's record, step rows, the multi-process
@@ -41,7 +41,6 @@ from trainguard.train.callbacks.watchdog import WatchdogCallback
 from trainguard.train.compose import compose
 from trainguard.train.distributed import Dist, init_distributed
 from trainguard.train.envinfo import environment_fingerprint
-from trainguard.train.layout import Progress, RunLayout
 from trainguard.train.optim import build_optimizer
 from trainguard.train.outcome import RunResult, close_run, hang_outcome
 from trainguard.train.progress import ProgressDisplay
@@ -55,6 +54,7 @@ from trainguard.train.resume import (
     schedule_to_resume,
     start_fresh,
 )
+from trainguard.train.run_state import RunState
 from trainguard.train.spine import Loop, train
 
 __all__ = ["run_recipe"]
@@ -134,7 +134,7 @@ class Run:
             # metrics.jsonl plus the recipe's viewers (TensorBoard, W&B): every row to each.
             metrics=open_run_sinks(self.run_dir, recipe.metrics),
             display=ProgressDisplay(t.max_steps, t.log_interval, progress and world.rank == 0),
-            progress=Progress(),
+            progress=RunState(),
         )
 
     # -- building ---------------------------------------------------------------------------
@@ -162,8 +162,7 @@ class Run:
         # A local checkpoint folder that is gone is checked before opening one creates it.
         root = checkpoint_root(r, self.run_dir)
         refusals.on_main(dist, lambda: refusals.refuse_missing_root(self.run_dir, root))
-        layout = RunLayout(self.recipe_dict, self.env, self._checkpoint_written)
-        checkpointer = open_checkpointer(r, self.run_dir, layout)
+        checkpointer = open_checkpointer(r, self.run_dir, self._checkpoint_phase)
         probe_store(checkpointer, checkpointer.root)
         set_determinism(r)
         self.env["torch_threads"] = torch.get_num_threads()  # train.threads, now applied
@@ -185,22 +184,24 @@ class Run:
         )
         loop, self.loop = parts.loop, parts.loop
         self.validation, self.watchdog = parts.validation, parts.watchdog
-        step = load_or_refuse(checkpointer, loop.state)  # C107: none of them can be used
+        # C107: none of them can be used; exit 2 for a step of the earlier format
+        step = load_or_refuse(checkpointer, loop.state, self.run_dir)
         if step is not None:  # D104: the checkpoint's data is not the data prepared now
             meta, prepared = checkpointer.last_meta, loop.checkpoint_meta["data_identity"]
             held += refuse_changed_data(step, meta, prepared, self.accept_data_change)
         # A max_steps below the checkpoint's step stops here (ConfigError).
         schedule, schedule_found = schedule_to_resume(
-            r, step, layout.loaded_schedule, checkpointer.last_path
+            r, step, ctx.progress.loaded_schedule, checkpointer.last_meta
         )
         # C107 for a history without checkpoints; a symlink or file where the run will write.
         refusals.on_main(dist, lambda: refusals.refuse_to_start(r, self.run_dir, root, step))
         self._begin(doctor)  # nothing refused: the run dir is written from here on
-        loop.trainer.schedule = layout.schedule = schedule
+        loop.trainer.schedule = ctx.progress.schedule = schedule
         found = list(checkpointer.last_findings)  # damaged steps passed over, junk, C121
         if step is not None:
             self.resumed_from = step
-            found += resumed_findings(step, checkpointer.last_path, layout.loaded_env, self.env)
+            saved_env = checkpointer.last_meta.get("env")
+            found += resumed_findings(step, checkpointer.last_path, saved_env, self.env)
             found += schedule_found  # R620: max_steps changed, the LR before and after
         parts.resume.restored(found, fresh=step is None)
         if ctx.is_main:  # lets `trainguard watch` match a wave to the epoch length
@@ -217,8 +218,12 @@ class Run:
             self.ctx.log_event("doctor", checks=doctor)
 
     # -- hangs: the process is about to exit 3 for a restart ------------------------------------
-    def _checkpoint_written(self, step: int) -> None:
-        self.faults.at("checkpoint_write", step)  # fire drills: kill@N:checkpoint_write
+    def _checkpoint_phase(self, phase: str, step: int) -> None:
+        """The Checkpointer's phases: at "payload_written" the payload is on disk, its
+        checksums, manifest and rename not yet (fire drills kill the process there:
+        `kill@N:checkpoint_write`)."""
+        if phase == "payload_written":
+            self.faults.at("checkpoint_write", step)
 
     def _hang_reported(self, finding: Finding) -> None:
         """Hand `on_end` the outcome first (the watchdog's thread, or the diagnosis)."""

@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from trainguard.config.load import RECIPE_FILE, RESUMABLE_KEYS, read_run_recipe, recipe_diff
+from trainguard.config.load import (
+    RECIPE_FILE,
+    RESUMABLE_KEYS,
+    read_run_recipe,
+    recipe_diff,
+    recipe_to_dict,
+    validate_recipe,
+)
 from trainguard.errors import ResumeMismatchError, RunDirBusyError, StorageError, TrainguardError
 from trainguard.guard.watchdog import remove_unused_backstops
 from trainguard.util.atomic import atomic_write_text
@@ -131,7 +138,7 @@ def check_resume_recipe(run_dir: Path, recipe: dict[str, Any]) -> bool:
     path = run_dir / RECIPE_FILE
     if not path.exists():
         return False
-    previous = read_run_recipe(run_dir)
+    previous = _with_defaults(read_run_recipe(run_dir))
     changed = {k: v for k, v in recipe_diff(previous, recipe).items() if k not in RESUMABLE_KEYS}
     if changed:
         listing = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
@@ -143,6 +150,17 @@ def check_resume_recipe(run_dir: Path, recipe: dict[str, Any]) -> bool:
             "or start a new run with --run-dir NEW_DIR",
         )
     return True
+
+
+def _with_defaults(previous: dict[str, Any]) -> dict[str, Any]:
+    """The stored recipe as this release reads it: a key added to the schema since the run
+    started takes its default, which is what the run computed with (a key that changed what
+    a step computes gets a default that keeps the old behaviour). One that no longer
+    validates is compared as written: the diff then names what changed."""
+    try:
+        return recipe_to_dict(validate_recipe(previous, "the run's recipe"))
+    except TrainguardError:
+        return previous
 
 
 def write_recipe(run_dir: Path, recipe: dict[str, Any]) -> None:

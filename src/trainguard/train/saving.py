@@ -1,4 +1,4 @@
-"""Checkpoints of `trainguard run`'s loop through its `Checkpointer` (train/layout.py): when due,
+"""Checkpoints of `trainguard run`'s loop through its `Checkpointer` (train/run_state.py): when due,
 every rank takes part and rank 0 writes. With `checkpoint.async_save` (the default) the loop
 stops only to copy its small state (counters, the sampler, generator states) and to queue the
 copy of the weights and the optimizer state; a background thread makes that copy while the
