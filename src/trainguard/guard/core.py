@@ -55,6 +55,7 @@ from trainguard.guard.detectors.monitor_set import DEFAULT_METRICS, MetricKind, 
 from trainguard.guard.rerun import classify_rerun
 from trainguard.guard.rollback import checkpointer_findings, restore
 from trainguard.metrics.jsonl import MetricsLog
+from trainguard.metrics.record import RecordWriter
 from trainguard.metrics.sinks import MetricsFanout, MetricsSink
 
 if TYPE_CHECKING:  # imported when a Guard is made distributed (torch.distributed)
@@ -123,6 +124,9 @@ class Guard:
         # The same fan-out `run` writes through: rows of metrics.jsonl's shape to each sink.
         self.sinks = MetricsFanout(None, viewers)
         self._findings_log = MetricsLog(self.run_dir, "guard.jsonl") if self.run_dir else None
+        # The run record (metrics.jsonl + run.json, docs/run-record.md): `guard.record.attach(
+        # sampler=..., config=..., checkpoints=...)` adds what the guard cannot see.
+        self.record = RecordWriter(self.run_dir) if self.run_dir else None
         self.monitors = MonitorSet(self.config, metrics or DEFAULT_METRICS, data_period)
         self.moe = MoEHealthDetector(self.config)  # R601-R604, from `router_stats`
         self.loader = LoaderStallDetector(self.config)  # R605, from the data phase's time
@@ -191,6 +195,8 @@ class Guard:
             self._phase_times(data_time_s, step_time_s)  # keep the step clock going
             return Decision(step)
         self._refuse_if_pending("step")
+        if self.record is not None and optimizer is not None:
+            self.record.optimizer = optimizer  # its learning rate in the step rows
         if grad_norm is None and model is not None:
             grad_norm = grad_norm_of(model)
         values: dict[str, float | None] = {
@@ -499,8 +505,9 @@ class Guard:
         else:  # the load's collectives get the checkpoint budget, not the step timeout
             with self.distributed.budget("checkpoint"):
                 step, event = restore(self, checkpointer, state, sampler, bad, at)
-        if self._findings_log is not None:  # the auditable record of what was skipped
-            self._findings_log.write({"kind": "event", "step": at, **event})
+        for log in (self._findings_log, self.record):  # the auditable record of the skips
+            if log is not None:
+                log.write({"kind": "event", "step": at, **event})
         self._log_findings(checkpointer_findings(checkpointer))
         return step
 
@@ -587,6 +594,8 @@ class Guard:
         return None
 
     def _log(self, step: int, values: dict[str, float | None], decision: Decision) -> None:
+        if self.record is not None:  # the values read in this step's one host sync: no more
+            self.record.step(step, values, decision.action)
         self._log_findings(decision.findings)
         if self.sinks.viewers:
             metrics = {k: v for k, v in values.items() if v is not None}
@@ -602,6 +611,8 @@ class Guard:
         for row in ({"kind": "finding", **f.to_dict()} for f in findings):
             if self._findings_log is not None:
                 self._findings_log.write(row)
+            if self.record is not None:
+                self.record.write(row)
             if self.sinks.viewers:
                 self.sinks.write(row)
 
@@ -610,6 +621,8 @@ class Guard:
         SIGTERM stack dump."""
         if self._findings_log is not None:
             self._findings_log.close()
+        if self.record is not None:
+            self.record.close()
         self.sinks.close()
         if self.distributed is not None:
             self.distributed.close()
