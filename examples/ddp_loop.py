@@ -16,7 +16,9 @@
   (R301) and dead ones (R302, with the signal).
 
 Rank 0 logs every step's global batch hash to OUT/steps.jsonl and the final weights (and their
-hash) to OUT/model.safetensors; the guard's findings go to OUT/guard.jsonl.
+hash) to OUT/model.safetensors; the guard's findings go to OUT/guard.jsonl, and its run record
+(every step's loss, gradient norm, learning rate, batch, decision) to OUT/metrics.jsonl and
+OUT/run.json, which `trainguard report`, `batch`, `eval` and `watch` read.
 """
 
 from __future__ import annotations
@@ -70,6 +72,12 @@ def main() -> None:
     guard = trainguard.Guard(run_dir=args.out / (f"rank{rank}" if rank else ""), distributed=True)
     state = {"model": raw, "optimizer": optimizer, "sampler": sampler, "guard": guard}
     checkpointer = trainguard.Checkpointer(args.out / "checkpoints", keep=3)
+    # The run record (OUT/run.json, OUT/metrics.jsonl): `trainguard report/batch/eval OUT`.
+    config = {"max_steps": args.max_steps, "global_batch": GLOBAL_BATCH, "vocab": VOCAB}
+    seq = len(dataset[0][1])  # tokens per sample: the record's `tokens`
+    guard.record.attach(
+        sampler=sampler, config=config, checkpoints=checkpointer.root, tokens_per_sample=seq
+    )
     log = StepLog(args.out / "steps.jsonl", rank)
 
     step = checkpointer.load_latest(state) or 0  # every rank; restores `state` in place
@@ -78,6 +86,8 @@ def main() -> None:
     while step < args.max_steps:
         faults.at_step(step, rank)
         lr = lr_at(step, args.max_steps)
+        for group in optimizer.param_groups:  # this step's rate, in the record's step row
+            group["lr"] = lr
         loss, read = torch.zeros((), device=device), []  # read: this rank's sample ids
         for micro in range(sampler.accum_steps):
             last = micro == sampler.accum_steps - 1
@@ -107,8 +117,6 @@ def main() -> None:
         decision.raise_if_halt()  # RunHalted names the findings
         if decision.apply:  # "skip": the guard cleared the gradients; the step moves on
             with guard.phase("optimizer", step):
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
                 optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         saving = (step + 1) % args.checkpoint_every == 0 or step + 1 == args.max_steps

@@ -124,6 +124,15 @@ class TrainguardLightningCallback(Callback):
         self.stop_decision, self._step_loss, self._judged = None, None, None
         self._masked = None
         self.sampler.set_step(0)  # a fresh fit; a restored checkpoint moves it (load_state_dict)
+        if self.guard.record is not None:  # the run record: data order, hparams, checkpoints
+            saver = next(
+                (c for c in trainer.callbacks if isinstance(c, VerifiedModelCheckpoint)), None
+            )
+            where = {"root": saver.dirpath, "layout": "lightning"} if saver is not None else None
+            config = dict(getattr(pl_module, "hparams", {}) or {}) or None
+            self.guard.record.attach(
+                sampler=self.sampler, config=config, checkpoints=where, loop="lightning"
+            )
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         loss = loss.detach()
