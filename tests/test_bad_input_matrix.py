@@ -286,11 +286,11 @@ ROWS = [
     ),
     # --- batch ------------------------------------------------------------------------------
     row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
-    row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),
+    row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a run dir",)),
     row("batch-recipe-not-utf8", "batch", "{run_bad_recipe}", "--step", "1", says=("UTF-8",)),
-    *[
-        row(f"batch-step-{n}", "batch", "{run_ok}", "--step", n, says=("out of range", "1 and 5"))
-        for n in ("0", "9")
+    *[  # steps count from 0: the previous release's rows 1..5 read as steps 0..4
+        row(f"batch-step-{n}", "batch", "{run_ok}", "--step", n, says=("out of range", "0 and 4"))
+        for n in ("-1", "5")
     ],
     row(
         "batch-no-data",
@@ -432,7 +432,7 @@ ROWS = [
     # --- report ---------------------------------------------------------------------------
     row("report-recipe-not-utf8", "report", "{run_bad_recipe}", says=("recipe", "UTF-8")),
     row("report-metrics-not-utf8", "report", "{run_bad_metrics}", says=("metric", "UTF-8")),
-    row("report-not-a-run-dir", "report", "{inputs}", says=("not a trainguard run dir",)),
+    row("report-not-a-run-dir", "report", "{inputs}", says=("not a run dir", "no run record")),
     row("report-html-is-a-folder", "report", "{run_html_dir}", exit=1, says=cannot("report.html")),
     row("report-readonly", "report", "{ro_run}", exit=1, says=cannot("{ro_run}"), fault="readonly"),
     row(

@@ -66,11 +66,15 @@ def _import_target_module(spec: str) -> Any:
         raise _called_exit(f"importing module {spec!r}", e) from None
 
 
-def load_model(target: str) -> nn.Module:
-    """The module built by the factory that `target` names."""
+def load_callable(
+    target: str, what: str = "model", fmt: str = _FORMAT, kind: str = "factory"
+) -> Any:
+    """The callable `target` (`path/to/file.py:function` or `package.module:function`) names,
+    not called; ModelTargetError (exit 2) naming the problem otherwise. `what` names it in the
+    messages (the model factory, the `--describe` function)."""
     spec, sep, attr = target.rpartition(":")
     if not sep or not spec or not attr:
-        raise ModelTargetError(f"model target {target!r} names no factory", _FORMAT)
+        raise ModelTargetError(f"{what} target {target!r} names no {kind}", fmt)
     module = _import_target_module(spec)
     factory = getattr(module, attr, None)
     if not callable(factory):
@@ -79,6 +83,13 @@ def load_model(target: str) -> nn.Module:
             f"{spec} has no callable {attr!r}",
             f"name one of its callables: {', '.join(public[:12]) or '(none)'}",
         )
+    return factory
+
+
+def load_model(target: str) -> nn.Module:
+    """The module built by the factory that `target` names."""
+    factory = load_callable(target)
+    attr = target.rpartition(":")[2]
     try:
         model = factory()
     except Exception as e:

@@ -34,6 +34,7 @@ from typing import Any
 
 from trainguard.metrics.jsonl import MetricsLog, json_safe
 from trainguard.util.atomic import atomic_write_text
+from trainguard.util.paths import is_remote, local_path
 
 SCHEMA_VERSION = 2
 RUN_FILE = "run.json"
@@ -87,6 +88,7 @@ def write_run_info(
     sampler: Any = None,
     checkpoints: Mapping[str, Any] | None = None,
     environment: Mapping[str, Any] | None = None,
+    schema_version: int = SCHEMA_VERSION,
 ) -> Path:
     """Write RUN_DIR/run.json (whole, atomically; a link there is refused). `sampler`: the
     `ElasticSampler` itself or its identity dict; `checkpoints`: `{"root": path, "layout":
@@ -94,8 +96,11 @@ def write_run_info(
     from trainguard.metrics.environment import environment_fingerprint
 
     ident = sampler if isinstance(sampler, Mapping) or sampler is None else None
+    if checkpoints is not None and not is_remote(checkpoints.get("root", "")):
+        # Absolute: a relative root was relative to the loop's working folder, not the run dir.
+        checkpoints = {**checkpoints, "root": str(local_path(checkpoints["root"]).absolute())}
     info = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": schema_version,
         "format": FORMAT,
         "loop": loop,
         "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -132,6 +132,14 @@ def _to_zero_based(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def as_recorded(rows: list[dict[str, Any]], info: dict[str, Any]) -> list[dict[str, Any]]:
+    """`rows` of a record whose run.json is `info`, with 0-based steps (converted when the
+    record is the previous release's)."""
+    if info.get("schema_version", 1) < 2:
+        return [_to_zero_based(r) for r in rows]
+    return rows
+
+
 def is_run_record(path: Path) -> bool:
     """A folder holding a run record (metrics.jsonl or run.json)."""
     return path.is_dir() and ((path / METRICS_FILE).is_file() or (path / RUN_FILE).is_file())
@@ -147,14 +155,13 @@ def read_record(run_dir: str | Path, skipped: list[str] | None = None) -> RunRec
         raise BadInputError(f"run dir {run_dir} {what}", NOT_A_RUN)
     if not is_run_record(run_dir):
         raise BadInputError(
-            f"{run_dir} has no {METRICS_FILE} and no {RUN_FILE}: it holds no run record",
+            f"{run_dir} is not a run dir: it has no {METRICS_FILE} and no {RUN_FILE} (no run "
+            "record)",
             NOT_A_RUN,
         )
     info = read_run_info(run_dir)
     lost: list[str] = []
-    rows = read_metrics(run_dir, lost)
-    if info.get("schema_version", 1) < 2:
-        rows = [_to_zero_based(r) for r in rows]
+    rows = as_recorded(read_metrics(run_dir, lost), info)
     if skipped is not None:
         skipped.extend(lost)
     return RunRecord(run_dir, info, rows, lost)

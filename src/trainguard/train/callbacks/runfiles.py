@@ -20,6 +20,10 @@ from trainguard.train.callback import Callback, RunContext
 from trainguard.train.rundir import write_recipe
 from trainguard.util.atomic import atomic_copy
 
+# The step rows' numbering this loop writes, in run.json: 1 while `trainguard run` logs
+# completed steps (1-based, the reader converts), SCHEMA_VERSION once its rows are 0-based.
+ROWS_SCHEMA = 1
+
 
 class RunFilesCallback(Callback):
     name = "runfiles"
@@ -43,6 +47,7 @@ class RunFilesCallback(Callback):
                 config=self.recipe,
                 sampler=self._order(ctx),
                 checkpoints={"root": run_checkpoint_root(ctx.run_dir), "layout": "checkpointer"},
+                schema_version=ROWS_SCHEMA,
             )
 
     def _order(self, ctx: RunContext) -> ElasticSampler | None:
