@@ -113,7 +113,7 @@ def test_a_torn_last_line_is_ignored(records: dict[str, Path], tmp_path: Path) -
 def test_report(record_copy: tuple[str, Path]) -> None:
     loop, run = record_copy
     res = invoke_cli("report", str(run))
-    assert res.returncode == 0, (res.stdout + res.stderr)
+    assert res.returncode == 0, res.stdout + res.stderr
     page = (run / "report.html").read_text()
     md = (run / "report.md").read_text()
     assert "<img" in page and "data:image/png" in page  # the curves
@@ -131,7 +131,7 @@ def test_batch_shows_the_sample_ids_of_the_global_batch(
     for loop in LOOPS:
         run = records[loop]
         res = invoke_cli("batch", str(run), "--step", "5", "--json")
-        assert res.returncode in (0, 1), (res.stdout + res.stderr)  # 1: the data filters flag a document
+        assert res.returncode in (0, 1), res.stderr  # 1: the data filters flag a document
         doc = _json(res)
         row = read_record(run).last_by_step("step")[5]
         assert doc["step"] == 5 and doc["position"] == row["position"]
@@ -154,7 +154,7 @@ def test_batch_describe_shows_text_and_loss(records: dict[str, Path], tmp_path: 
     res = invoke_cli(
         "batch", str(records["ddp"]), "--step", "5", "--describe", f"{module}:describe"
     )
-    assert res.returncode == 0, (res.stdout + res.stderr)
+    assert res.returncode == 0, res.stdout + res.stderr
     assert "sample " in res.stdout and "not shown" not in res.stdout
     res = invoke_cli(
         "batch", str(records["ddp"]), "--step", "5", "--json", "--describe", f"{module}:text_only"
@@ -222,7 +222,7 @@ def test_eval_with_the_users_model_factory(
         "eval", str(records[loop]), "--model", FACTORY[loop], "--tokenizer", str(tok),
         "--spec", str(spec), "--json",
     )  # fmt: skip
-    assert res.returncode == 0, (res.stdout + res.stderr)
+    assert res.returncode == 0, res.stdout + res.stderr
     doc = _json(res)
     assert Path(doc["checkpoint"]).parent == Path(read_record(records[loop]).checkpoints["root"])
     assert doc["metrics"]["ppl/n"] == 3 and doc["metrics"]["ppl/bpb"] > 0
@@ -230,7 +230,7 @@ def test_eval_with_the_users_model_factory(
 
 def test_eval_of_trainguard_run(records: dict[str, Path]) -> None:
     res = invoke_cli("eval", str(records["run"]), "--json")
-    assert res.returncode == 0, (res.stdout + res.stderr)
+    assert res.returncode == 0, res.stdout + res.stderr
     assert _json(res)["checkpoint"].endswith("step-12")
 
 

@@ -102,9 +102,7 @@ def _recipe(run_dir: Path) -> Recipe | None:
 
 
 def _skips(record: RunRecord) -> list[list[int]]:
-    return [
-        rng for r in record.events("rollback") for rng in r.get("skipped_positions") or []
-    ]
+    return [rng for r in record.events("rollback") for rng in r.get("skipped_positions") or []]
 
 
 def _sampler_of(identity: Mapping[str, Any], skips: list[list[int]]) -> ElasticSampler:
@@ -123,8 +121,7 @@ def _sampler_of(identity: Mapping[str, Any], skips: list[list[int]]) -> ElasticS
         sampler.load_state_dict(sampler.state_dict() | {"skipped_positions": skips})
     except (KeyError, TypeError, ValueError, ConfigError) as e:
         raise BadInputError(
-            f"run.json's sampler {dict(identity)!r:.200} is not an ElasticSampler's identity "
-            f"({e})",
+            f"run.json's sampler {dict(identity)!r:.200} is not an ElasticSampler's identity ({e})",
             "restore run.json as the run wrote it",
         ) from None
     return sampler
@@ -258,4 +255,3 @@ def decode_batch(
             '{"text": ..., "loss": ...})'
         )
     return BatchView(step, position, attempts, loss_step, samples, findings, not_shown, record.loop)
-
