@@ -62,7 +62,8 @@ def test_every_loop_writes_one_schema(records: dict[str, Path], loop: str) -> No
     assert info["schema_version"] == SCHEMA_VERSION == 2
     assert {"python", "torch", "trainguard", "device"} <= set(info["environment"])
     assert info["sampler"]["seed"] == 0 and "skipped_positions" not in info["sampler"]
-    assert Path(info["checkpoints"]["root"]).is_dir()
+    # Inside the run dir: relative, so that a copied or moved run dir still finds them.
+    assert info["checkpoints"]["root"] == ("." if loop == "hf" else "checkpoints")
     record = read_record(run)
     steps = record.last_by_step("step")
     assert sorted(steps) == list(range(STEPS))  # 0-based, one row per step
@@ -119,7 +120,8 @@ def test_report(record_copy: tuple[str, Path]) -> None:
     assert "<img" in page and "data:image/png" in page  # the curves
     steps = 12 if loop == "run" else STEPS
     assert f"| steps | {steps} |" in md
-    assert "verified" in page  # its checkpoints, verified
+    assert "verified" in page  # its checkpoints, verified: the copy's own
+    assert f"<td>{run / ('.' if loop == 'hf' else 'checkpoints')}" in page
     assert "torch" in page  # the environment
     if loop == "ddp":  # the skip, linked to its batch view (item 4)
         assert f"trainguard batch {run} --step 5" in page
@@ -224,7 +226,8 @@ def test_eval_with_the_users_model_factory(
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
     doc = _json(res)
-    assert Path(doc["checkpoint"]).parent == Path(read_record(records[loop]).checkpoints["root"])
+    root = records[loop] / ("." if loop == "hf" else "checkpoints")
+    assert Path(doc["checkpoint"]).parent == root
     assert doc["metrics"]["ppl/n"] == 3 and doc["metrics"]["ppl/bpb"] > 0
 
 

@@ -97,8 +97,7 @@ def write_run_info(
 
     ident = sampler if isinstance(sampler, Mapping) or sampler is None else None
     if checkpoints is not None and not is_remote(checkpoints.get("root", "")):
-        # Absolute: a relative root was relative to the loop's working folder, not the run dir.
-        checkpoints = {**checkpoints, "root": str(local_path(checkpoints["root"]).absolute())}
+        checkpoints = {**checkpoints, "root": _root_as_recorded(run_dir, checkpoints["root"])}
     info = {
         "schema_version": schema_version,
         "format": FORMAT,
@@ -113,6 +112,17 @@ def write_run_info(
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(info, indent=1) + "\n")
     return path
+
+
+def _root_as_recorded(run_dir: str | Path, root: str | Path) -> str:
+    """A local checkpoint root inside the run dir relative to it (the record stays true when
+    the run dir is copied or moved), any other absolute (a relative one was relative to the
+    loop's working folder, not to the run dir)."""
+    path = local_path(root).absolute()
+    try:
+        return str(path.relative_to(Path(run_dir).absolute()))
+    except ValueError:
+        return str(path)
 
 
 class RecordWriter:
