@@ -242,3 +242,50 @@ def test_eval_of_a_record_names_what_it_needs(records: dict[str, Path]) -> None:
     assert res.returncode == 2
     for flag in ("--model", "--tokenizer", "--spec"):
         assert flag in (res.stdout + res.stderr)
+
+
+def _host_reads(run_dir: Path | None, monkeypatch: pytest.MonkeyPatch, device_path: bool) -> int:
+    """Device-to-host reads (`item`, `tolist`, `cpu`, `numpy`, `__float__`, `__bool__`) over 12
+    guarded steps."""
+    import torch
+
+    from trainguard import Guard
+
+    counted = {"n": 0}
+    for name in ("item", "tolist", "cpu", "numpy", "__float__", "__bool__"):
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *a, __original=original, **k):  # noqa: ANN001, ANN202
+            counted["n"] += 1
+            return __original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.1))  # a tensor lr: not read
+    guard = Guard(run_dir=run_dir)
+    if guard.record is not None:
+        sampler = ElasticSampler(64, global_batch_size=8, seed=0)
+        guard.record.attach(sampler=sampler, optimizer=opt, tokens_per_sample=4)
+    for step in range(12):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        loss = model(torch.randn(8, 4)).pow(2).mean().detach()
+        if device_path:
+            guard.step_async(step, loss=loss, model=model).optimizer_step(opt)
+        else:
+            guard.step(step, loss=loss, model=model, optimizer=opt)
+        opt.zero_grad()
+    guard.flush()
+    monkeypatch.undo()
+    guard.close()
+    return counted["n"]
+
+
+@pytest.mark.parametrize("device_path", (False, True))
+def test_writing_the_record_reads_nothing_more_from_the_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device_path: bool
+) -> None:
+    plain = _host_reads(None, monkeypatch, device_path)
+    recorded = _host_reads(tmp_path, monkeypatch, device_path)
+    assert plain > 0 and recorded == plain
+    assert len(read_record(tmp_path).steps()) == 12
