@@ -289,3 +289,47 @@ def test_writing_the_record_reads_nothing_more_from_the_device(
     recorded = _host_reads(tmp_path, monkeypatch, device_path)
     assert plain > 0 and recorded == plain
     assert len(read_record(tmp_path).steps()) == 12
+
+
+# --- item 4: the report of your own loop, in a real headless browser -------------------------
+def _browser():  # noqa: ANN202
+    webdriver = pytest.importorskip("selenium.webdriver")
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("no chromium and chromedriver on this machine")
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    options.binary_location = shutil.which("chromium")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = webdriver.ChromeService(executable_path=shutil.which("chromedriver"))
+    return webdriver.Chrome(options=options, service=service)
+
+
+def test_own_loop_report_renders_in_a_browser(records: dict[str, Path], tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    run = tmp_path / "ddp"
+    shutil.copytree(records["ddp"], run)
+    assert invoke_cli("report", str(run)).returncode == 0
+    driver = _browser()
+    try:
+        driver.get((run / "report.html").as_uri())
+        images = driver.find_elements(By.TAG_NAME, "img")
+        alts = {i.get_attribute("alt") for i in images}
+        assert {"loss", "grad"} <= alts  # the curves, with the findings marked on them
+        drawn = driver.execute_script(
+            "return Array.from(document.images).map(i => i.complete && i.naturalWidth > 0)"
+        )
+        assert drawn and all(drawn)
+        decisions = driver.find_element(By.ID, "decisions").text
+        assert "skip" in decisions and "5" in decisions
+        assert "verified" in driver.find_element(By.TAG_NAME, "body").text  # checkpoints
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == []
+        driver.find_element(By.CSS_SELECTOR, "#decisions a.batch").click()  # the skip's batch
+        assert driver.title == "trainguard batch: step 5"
+        rows = driver.find_elements(By.CSS_SELECTOR, "table tr")
+        assert len(rows) >= 8 and "not shown" in driver.find_element(By.TAG_NAME, "body").text
+        assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+    finally:
+        driver.quit()

@@ -22,6 +22,7 @@ from trainguard.config.load import read_run_recipe
 from trainguard.metrics.record_read import read_record
 from trainguard.report import plots
 from trainguard.report.checkpoints import list_checkpoints
+from trainguard.report.decisions import batch_pages, decisions, page_href, page_name
 from trainguard.report.episodes import finding_rows, skips_summary
 from trainguard.util.atomic import atomic_paths
 
@@ -50,6 +51,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "events": record.events(),
         "env": record.environment,
         "checkpoints": list_checkpoints(record),
+        "decisions": decisions([r for r in timed if r.get("kind") == "step"], run_dir),
         "skipped": record.skipped,  # metrics.jsonl lines no reader can use, "path:line: why"
     }
 
@@ -142,6 +144,7 @@ def render_html(info: dict[str, Any]) -> str:
         .get_template("report.html.j2")
         .render(
             run_dir=str(info["run_dir"]),
+            loop=info["loop"],
             summary=list(_summary(info).items()),
             training_plots=training_plots,
             use_case=_use_case(info),
@@ -149,6 +152,7 @@ def render_html(info: dict[str, Any]) -> str:
             if info["band"]
             else None,
             findings=findings,
+            decisions=[d | {"href": page_href(info, d["step"])} for d in info["decisions"]],
             skipped=info["skipped"],
             checkpoints=checkpoints,
             env=list(info["env"].items()) if isinstance(info["env"], dict) else [],
@@ -193,6 +197,12 @@ def render_markdown(info: dict[str, Any]) -> str:
             at = f" (steps {_md(f['step'])}, {f['count']} findings)"
         batch = f" (batch: {_md_code(f['batch'])})" if f["batch"] else ""
         lines.append(f"- **{_md(f['code'])}** {_md(f['severity'])}{at}: {_md(f['message'])}{batch}")
+    if info["decisions"]:
+        lines += ["", "## Decisions", ""]
+        lines += [
+            f"- step {_md(d['step'])}: {_md(d['action'])} (batch: {_md_code(d['batch'])})"
+            for d in info["decisions"]
+        ]
     if info["skipped"]:
         lines += ["", "## Log lines skipped", ""]
         lines += [f"- {_md(line)}" for line in info["skipped"]]
@@ -214,10 +224,17 @@ def write_report(run_dir: str | Path, skipped: list[str] | None = None) -> tuple
     if skipped is not None:
         skipped.extend(info["skipped"])
     html_path, md_path = run_dir / "report.html", run_dir / "report.md"
+    pages = batch_pages(info, render_batch_html)  # each decision's batch view, linked
+    info["batch_pages"] = set(pages)
     html, markdown = render_html(info), render_markdown(info)
-    with atomic_paths(html_path, md_path) as (html_tmp, md_tmp):
+    page_paths = [run_dir / page_name(step) for step in pages]
+    if pages:
+        (run_dir / page_name(0)).parent.mkdir(exist_ok=True)
+    with atomic_paths(html_path, md_path, *page_paths) as (html_tmp, md_tmp, *page_tmps):
         html_tmp.write_text(html, encoding="utf-8")
         md_tmp.write_text(markdown, encoding="utf-8")
+        for tmp, text in zip(page_tmps, pages.values(), strict=True):
+            tmp.write_text(text, encoding="utf-8")
     return html_path, md_path
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from trainguard.codes import SEVERITIES
 from trainguard.findings import Episode, EpisodeGrouper, Finding, step_interval
 from trainguard.report.batch import BATCH_CODES, batch_command
+from trainguard.report.decisions import page_href
 from trainguard.report.skips import average_of, skipped_updates
 
 # Findings the batch explains, and the guard's skips (R201) and rollbacks (R202) of them.
@@ -51,6 +52,7 @@ def finding_rows(info: dict[str, Any]) -> list[dict[str, Any]]:
             "message": row.get("message"),
             "fix": row.get("fix") or "",
             "batch": _batch_link(info["run_dir"], row),
+            "href": page_href(info, row.get("step")),
         }
         if episode is not None:
             worst = ""
