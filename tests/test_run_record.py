@@ -333,3 +333,24 @@ def test_own_loop_report_renders_in_a_browser(records: dict[str, Path], tmp_path
         assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
     finally:
         driver.quit()
+
+
+def test_watch_replays_the_router_and_loader_codes_from_a_record(tmp_path: Path) -> None:
+    """A loop passing `router_stats` and its data time: the record keeps what R601-R605 need,
+    and `watch` on the record finds what the guard found, at the same steps."""
+    from trainguard import Guard
+
+    guard = Guard(run_dir=tmp_path)
+    collapsed = {"tokens_routed": 400, "tokens_dropped": 0, "expert_counts": [400, 0, 0, 0]}
+    for step in range(30):
+        guard.step(
+            step, loss=3.0 - step / 100, grad_norm=1.0, data_time_s=0.6, step_time_s=1.0,
+            router_stats={"layer0": {**collapsed, "top_k": 1}},
+        )  # fmt: skip
+    guard.close()
+    by_guard = {(r["code"], r["step"]) for r in read_record(tmp_path).kind("finding")}
+    assert {"R602", "R603", "R605"} <= {code for code, _ in by_guard}
+    res = invoke_cli("watch", str(tmp_path), "--json")
+    found = {(f["code"], f["step"]) for f in _json(res)["findings"]}
+    replayed = {(c, s) for c, s in by_guard if c.startswith("R60")}
+    assert replayed and replayed <= found

@@ -241,7 +241,7 @@ class Guard:
         found += self.loader.update(step, values.get("data_time_s"), values.get("step_time_s"))
         decision = self._decide(step, found) if found else Decision(step)
         decision.values = values
-        self._log(step, values, decision)
+        self._log(step, values, decision, router_stats)
         return decision
 
     # --- the device path: no host sync in the step ---------------------------------------------
@@ -593,9 +593,15 @@ class Guard:
                 return m.data_period
         return None
 
-    def _log(self, step: int, values: dict[str, float | None], decision: Decision) -> None:
+    def _log(
+        self,
+        step: int,
+        values: dict[str, float | None],
+        decision: Decision,
+        router_stats: RouterStats | None = None,
+    ) -> None:
         if self.record is not None:  # the values read in this step's one host sync: no more
-            self.record.step(step, values, decision.action)
+            self.record.step(step, values, decision.action, router_stats)
         self._log_findings(decision.findings)
         if self.sinks.viewers:
             metrics = {k: v for k, v in values.items() if v is not None}

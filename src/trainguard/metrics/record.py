@@ -181,10 +181,20 @@ class RecordWriter:
         )
         self._described = True
 
-    def step_row(self, step: int, values: Mapping[str, Any], action: str) -> dict[str, Any]:
-        """The step row of `step` from the values the guard read (no device read here)."""
+    def step_row(
+        self,
+        step: int,
+        values: Mapping[str, Any],
+        action: str,
+        router_stats: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """The step row of `step` from the values the guard read (no device read here).
+        `router_stats`: the MoE layers' counts the guard judged (host numbers by then), kept
+        so that `trainguard watch` replays R601-R604 from the record."""
         row: dict[str, Any] = {"kind": "step", "step": step}
         row |= {k: v for k, v in values.items() if v is not None}
+        if router_stats:
+            row["router"] = router_counts(router_stats)
         lr = _learning_rate(self.optimizer)
         if lr is not None and "lr" not in row:
             row["lr"] = lr
@@ -198,8 +208,14 @@ class RecordWriter:
         row["action"] = action
         return row
 
-    def step(self, step: int, values: Mapping[str, Any], action: str) -> None:
-        self.write(self.step_row(step, values, action))
+    def step(
+        self,
+        step: int,
+        values: Mapping[str, Any],
+        action: str,
+        router_stats: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        self.write(self.step_row(step, values, action, router_stats))
 
     def write(self, row: Mapping[str, Any]) -> None:
         """Append one row (finding, event) to metrics.jsonl; run.json first if not yet."""
@@ -209,6 +225,22 @@ class RecordWriter:
 
     def close(self) -> None:
         self.log.close()
+
+
+def router_counts(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The MoE router statistics protocol's counts per layer as plain ints (the MoE detector
+    reads the same ints: no read of its own)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, s in stats.items():
+        layer: dict[str, Any] = {
+            "tokens_routed": int(s.get("tokens_routed", 0)),
+            "tokens_dropped": int(s.get("tokens_dropped", 0)),
+            "expert_counts": [int(c) for c in s.get("expert_counts", [])],
+        }
+        if s.get("top_k") is not None:
+            layer["top_k"] = int(s["top_k"])
+        out[str(name)] = layer
+    return out
 
 
 def _learning_rate(optimizer: Any) -> float | None:
