@@ -1194,6 +1194,17 @@ ROWS = [
         says=("metrics-deep.jsonl:6: values nest deeper than 64 levels",),
     ),
     row("watch-metrics-number-of-400-digits", "watch", "{metrics_big}", exit=1, says=("R101",)),
+    # issue 22: run record (--reference: compare any log with a reference curve)
+    row(
+        "watch-reference-missing",
+        *("watch", "{own_record}", "--reference", "{out}/nothing.ref.json"),
+        says=("nothing.ref.json",),
+    ),
+    row(
+        "watch-reference-with-follow",
+        *("watch", "{own_record}", "--follow", "--reference", "{ref_other}"),
+        says=("--reference", "leave out --follow"),
+    ),
     # --- drill ----------------------------------------------------------------------------
     row(
         "drill-markdown-is-recipe",

@@ -181,6 +181,20 @@ def test_reference_record(records: dict[str, Path], loop: str, tmp_path: Path) -
     assert ref["steps"][0] == (1 if loop == "run" else 0)  # numbered as the run's own rows
 
 
+@pytest.mark.parametrize("loop", ("hf", "lightning", "run"))
+def test_comparison_with_a_reference(records: dict[str, Path], loop: str, tmp_path: Path) -> None:
+    """A record compared with the reference recorded from it: equal; another loop's record
+    against it: other batches (R504)."""
+    ref = tmp_path / "ref.json"
+    assert invoke_cli("reference", "record", str(records[loop]), "--out", str(ref)).returncode == 0
+    res = invoke_cli("watch", str(records[loop]), "--reference", str(ref), "--json")
+    doc = _json(res)
+    assert res.returncode == 0 and doc["reference"]["bitwise_equal"], doc["reference"]
+    assert "R506" in {f["code"] for f in doc["findings"]}
+    other = _json(invoke_cli("watch", str(records["ddp"]), "--reference", str(ref), "--json"))
+    assert other["reference"]["compared"] == 0 or "R504" in {f["code"] for f in other["findings"]}
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_watch(records: dict[str, Path], loop: str) -> None:
     res = invoke_cli("watch", str(records[loop]), "--json")

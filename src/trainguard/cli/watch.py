@@ -124,19 +124,41 @@ def _router(raw: dict[str, Any]) -> dict[str, Any] | None:
     return kept or None
 
 
+def compare_reference(
+    reference: Path, rows: list[tuple[int, dict[str, Any], Any, str | None]], loss: str | None
+) -> tuple[list[Finding], dict[str, Any]]:
+    """The log's loss (and batch hash) against a reference curve (`reference record`'s file):
+    R501-R506 as `trainguard run` reports them, step by step. A reference numbered from 1 (a
+    `trainguard run` that logged completed steps) meets 0-based rows one step on."""
+    from trainguard.guard.detectors.reference import ReferenceMonitor
+    from trainguard.reference.curve import load_reference
+
+    curve = load_reference(reference)
+    monitor = ReferenceMonitor(curve, origin=f"the reference {reference}")
+    shift = 1 if curve.steps and curve.steps[0] == 1 and rows and rows[0][0] == 0 else 0
+    found: list[Finding] = []
+    for step, values, _, hashed in rows:
+        value = values.get(loss) if loss else None
+        if value is not None:
+            found += monitor.update(step + shift, {"loss": value, "batch_hash": hashed})
+    return found, monitor.summary()
+
+
 def watch_log(
     path: str | Path,
     metrics: list[str] | None = None,
     data_period: float | None = None,
     config: MonitorsConfig | None = None,
+    reference: Path | None = None,
 ) -> tuple[list[Finding], dict[str, Any]]:
     """Findings of every detector over a finished log, and a summary (pure: prints nothing)."""
     state = LogState()
     rows = []
     for raw in read_rows(path):
         r = normalise(raw, state)
-        if r is not None:
-            rows.append((*r, _router(raw)))
+        if r is not None:  # normalise keeps numbers: the router counts and batch hash beside
+            hashed = raw.get("batch_hash") if isinstance(raw.get("batch_hash"), str) else None
+            rows.append((*r, _router(raw), hashed))
     if not rows:
         raise DataError(
             f"metric log {path} has no step rows",
@@ -147,16 +169,22 @@ def watch_log(
     hf = detect_format(Path(path)) == "hf_trainer_state"
     ms = Replay(config or MonitorsConfig(), chosen, period, state.keys, hf_filtered=hf)
     findings: list[Finding] = []
-    for step, values, router in rows:
+    for step, values, router, _ in rows:
         findings += ms.update(step, values, router)
     findings += ms.finalize()
+    compared = None
+    if reference is not None:
+        loss = next((name for name, kind in chosen.items() if kind == "loss"), None)
+        found, compared = compare_reference(reference, rows, loss)
+        findings += found
     summary = {
         "source": str(path),
         "rows": len(rows),
         "metrics": chosen,
         "data_period_steps": period,
         # Findings this far apart or closer are one episode (a log written every N steps).
-        "log_interval_steps": step_interval([step for step, _, _ in rows]),
+        "log_interval_steps": step_interval([step for step, *_ in rows]),
+        **({"reference": compared} if compared is not None else {}),
     }
     return findings, summary
 
@@ -273,6 +301,12 @@ def register(app: typer.Typer) -> None:
         set_: list[str] = typer.Option(
             None, "--set", help="Detector setting, e.g. --set loss_spike_z=8 (see docs)."
         ),
+        reference: Path = typer.Option(
+            None,
+            "--reference",
+            help="A reference curve (`trainguard reference record`): compare the log's loss "
+            "with it step by step (R501-R506), as `trainguard run` does.",
+        ),
     ) -> None:
         """Run the in-run detectors (NaN, spikes, divergence, waves, throughput, loader
         stalls) over a log."""
@@ -281,9 +315,11 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(
                 f"--data-period {data_period} is not positive", "give the period in steps"
             )
+        if reference is not None and follow:
+            raise ConfigError("--reference compares a finished log", "leave out --follow")
         if follow:
             _follow(metrics_log, metric or None, data_period, config, as_json, idle_timeout)
             return
-        findings, summary = watch_log(metrics_log, metric or None, data_period, config)
+        findings, summary = watch_log(metrics_log, metric or None, data_period, config, reference)
         gap = summary["log_interval_steps"]
         emit_episodes(findings, as_json, extra=summary, title="watch", gap=gap)
