@@ -30,6 +30,8 @@ from trainguard.metrics.record_read import RunRecord, read_record
 
 # The guard's objections a batch may explain: the report links these findings to the batch.
 BATCH_CODES = ("R101", "R102", "R103", "R206")
+# ... and the guard's skips (R201) and rollbacks (R202) of them: the report links all of these.
+LINKED_CODES = (*BATCH_CODES, "R201", "R202")
 Describe = Callable[[int], Any]
 
 

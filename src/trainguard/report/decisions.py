@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import TrainguardError
-from trainguard.report.batch import batch_command, decode_batch
+from trainguard.report.batch import LINKED_CODES, batch_command, decode_batch
 
 MAX_PAGES = 20  # a storm of skips links its first pages; the command works for every step
 PAGES = "batches"
@@ -42,8 +42,6 @@ def batch_pages(info: dict[str, Any], render: Any) -> dict[int, str]:
     """{step: the HTML of its batch view} for the decided steps (and the steps of findings a
     batch explains) that can be decoded; a step that cannot (no sampler in the record, the
     prepared data gone) keeps its command line only."""
-    from trainguard.report.episodes import LINKED_CODES
-
     wanted = [d["step"] for d in info["decisions"]]
     wanted += [
         f["step"]

@@ -9,12 +9,9 @@ from typing import Any
 
 from trainguard.codes import SEVERITIES
 from trainguard.findings import Episode, EpisodeGrouper, Finding, step_interval
-from trainguard.report.batch import BATCH_CODES, batch_command
+from trainguard.report.batch import LINKED_CODES, batch_command
 from trainguard.report.decisions import page_href
 from trainguard.report.skips import average_of, skipped_updates
-
-# Findings the batch explains, and the guard's skips (R201) and rollbacks (R202) of them.
-LINKED_CODES = (*BATCH_CODES, "R201", "R202")
 
 
 def _batch_link(run_dir: Path, finding: dict[str, Any]) -> str:
