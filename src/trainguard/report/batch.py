@@ -178,10 +178,12 @@ def decode_batch(
     skipped: list[str] | None = None,
     describe: Describe | None = None,
     describe_name: str = "the describe function",
+    with_losses: bool = True,
 ) -> BatchView:
     """The decoded global batch of step `step` (0-based); BadInputError (exit 2) for what
     cannot be. `skipped`, when given, receives the metrics.jsonl lines left out ("path:line:
-    why"). `describe`: the user's sample id -> text (or {"text", "loss"}) function."""
+    why"). `describe`: the user's sample id -> text (or {"text", "loss"}) function.
+    `with_losses=False`: no checkpoint is loaded for per-sample losses (the report's pages)."""
     run_dir = Path(run_dir)
     record = read_record(run_dir, skipped)
     recipe = _recipe(run_dir)
@@ -243,9 +245,14 @@ def decode_batch(
         from trainguard.report.batch_prepared import prepared, prepared_samples
 
         data = data or prepared(run_dir, recipe)
-        samples, loss_step, found = prepared_samples(run_dir, recipe, data, ids, step)
+        samples, loss_step, found = prepared_samples(run_dir, recipe, data, ids, step, with_losses)
         findings += found
-        if loss_step is None:
+        if not with_losses:
+            not_shown.append(
+                f"per-sample loss: not computed for the report; `{batch_command(run_dir, step)}` "
+                "computes it from the newest checkpoint before the step"
+            )
+        elif loss_step is None:
             not_shown.append(
                 f"per-sample loss: no checkpoint of at most {step} completed steps verifies"
             )

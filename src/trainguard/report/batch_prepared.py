@@ -91,13 +91,19 @@ def _documents(data: PreparedData, start: int, stop: int) -> list[dict[str, Any]
 
 
 def prepared_samples(
-    run_dir: Path, recipe: Recipe, data: PreparedData, ids: np.ndarray, step: int
+    run_dir: Path,
+    recipe: Recipe,
+    data: PreparedData,
+    ids: np.ndarray,
+    step: int,
+    with_losses: bool = True,
 ) -> tuple[list[dict[str, Any]], int | None, list[Finding]]:
     """(samples with documents, text, flags and loss; the checkpoint the losses come from;
-    D140 findings) for the global batch `ids` of step `step` (0-based)."""
+    D140 findings) for the global batch `ids` of step `step` (0-based). `with_losses=False`:
+    no checkpoint is loaded (the report's batch pages)."""
     seq_len = recipe.data.seq_len
     tokens = data.train.samples(ids, seq_len)
-    model, loss_step = sample_loss_model(run_dir, step)
+    model, loss_step = sample_loss_model(run_dir, step) if with_losses else (None, None)
     per_sample = losses(model, tokens, recipe.train.batch_size) if model is not None else None
     doc_flags: dict[int, list[dict[str, str]]] = {}
     samples, findings = [], []

@@ -53,7 +53,7 @@ def batch_pages(info: dict[str, Any], render: Any) -> dict[int, str]:
         if len(pages) >= MAX_PAGES:
             break
         try:
-            view = decode_batch(info["run_dir"], step)
+            view = decode_batch(info["run_dir"], step, with_losses=False)  # no checkpoint read
         except TrainguardError:
             continue
         if view.samples:
