@@ -161,9 +161,7 @@ def test_filters_flag_exactly_the_samples_of_junk_documents(batch_run: Path) -> 
 
 def test_cli_json_and_escaped_html(batch_run: Path, tmp_path: Path) -> None:
     step = next(
-        s
-        for s in range(12)
-        if any(MARKER in x["text"] for x in decode_batch(batch_run, s).samples)
+        s for s in range(12) if any(MARKER in x["text"] for x in decode_batch(batch_run, s).samples)
     )
     out = tmp_path / "batch.html"
     res = CliRunner().invoke(
