@@ -84,6 +84,8 @@ def test_every_loop_writes_one_schema(records: dict[str, Path], loop: str) -> No
         assert all(isinstance(r.get("data_time_s"), float) for r in steps.values())
         assert steps[0]["tokens"] == 8 * 16
         assert {"R101", "R201"} <= {r["code"] for r in record.kind("finding")}
+    # The step time where the loop gives one (the data phase), else between rows.
+    assert all(isinstance(steps[s].get("step_time_s"), float) for s in range(1, STEPS))
     if loop == "hf":
         assert info["config"]["max_steps"] == STEPS and info["loop"] == "hf trainer"
 

@@ -143,6 +143,7 @@ class RecordWriter:
         self.checkpoints: dict[str, Any] | None = None
         self.tokens_per_sample: int | None = None
         self._described = False
+        self._last_row_at: float | None = None  # the step time where the loop gives none
 
     def attach(
         self,
@@ -204,6 +205,12 @@ class RecordWriter:
             row["batch_hash"] = s.batch_hash(step)
             if self.tokens_per_sample is not None and "tokens" not in row:
                 row["tokens"] = int(s.global_batch_size_at(step)) * self.tokens_per_sample
+        now = time.perf_counter()
+        if "step_time_s" not in row and self._last_row_at is not None:
+            # The time since the previous step's row (the Trainer and Lightning time no data
+            # phase, so the guard has no step time of its own for them).
+            row["step_time_s"] = now - self._last_row_at
+        self._last_row_at = now
         row["time"] = time.time()
         row["action"] = action
         return row
