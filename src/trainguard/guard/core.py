@@ -105,7 +105,9 @@ class Guard:
         sinks: list[MetricsSink] | None = None,
         distributed: bool | DistributedConfig | DistributedGuards = False,
     ) -> None:
-        """`run_dir`: findings go to `run_dir/guard.jsonl`. `tensorboard_dir`: every step's
+        """`run_dir`: findings go to `run_dir/guard.jsonl`, and the run record (every step's
+        row, findings, rollbacks: `run_dir/metrics.jsonl`, `run_dir/run.json`) is written
+        through `guard.record`. `tensorboard_dir`: every step's
         metrics and findings go to TensorBoard (the `tensorboard` extra); `sinks`: to any
         other `MetricsSink` (e.g. `trainguard.metrics.wandb_sink.WandbSink`). `config`: a
         `GuardsConfig` or a dict of its fields (the recipe's `guards` section)."""
