@@ -1,6 +1,8 @@
 """The guard's host sync: training steps/s with `Guard.step` (reads the loss and the gradient
 norm with `.item()`), with `Guard.step_async` (decides on the device, reads back one step
-later), and with no guard at all (the baseline), side by side.
+later), each also writing the run record (`Guard(run_dir=...)` with an `ElasticSampler`
+attached: metrics.jsonl rows with position and batch hash, run.json; "+record"), and with no
+guard at all (the baseline), side by side.
 
 Same model (trainguard's GPT), data (random tokens), fused AdamW and steps for all three;
 alternating rounds, medians of steps/s, ratios to the baseline of the same round. On a GPU the
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 
 import torch
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 from machine import describe
 
 from trainguard.config.schema import ModelConfig
+from trainguard.data.sampler import ElasticSampler
 from trainguard.guard.core import Guard
 from trainguard.model.gpt import GPT
 
@@ -51,7 +55,11 @@ def run(mode: str, args: argparse.Namespace, device: torch.device) -> float:
         torch.randint(0, VOCAB, (args.batch, args.seq + 1), generator=gen).to(device)
         for _ in range(4)
     ]
-    guard = Guard()
+    folder = tempfile.TemporaryDirectory(prefix="bench-guard-record-")
+    guard = Guard(run_dir=folder.name if mode.endswith("+record") else None)
+    if guard.record is not None:  # the record's step rows: loss, norm, lr, position, hash
+        sampler = ElasticSampler(1 << 20, global_batch_size=args.batch, seed=0)
+        guard.record.attach(sampler=sampler, optimizer=opt, config=vars(args))
     start = 0.0
     for step in range(args.steps + 3):
         if step == 3:
@@ -61,20 +69,23 @@ def run(mode: str, args: argparse.Namespace, device: torch.device) -> float:
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
-        if mode == "sync":
+        if mode.startswith("sync"):
             d = guard.step(step, loss=loss, model=model, optimizer=opt)
             if d.apply:
                 opt.step()
-        elif mode == "async":
+        elif mode.startswith("async"):
             pending = guard.step_async(step, loss=loss.detach(), model=model)
             pending.optimizer_step(opt)
         else:
             opt.step()
         opt.zero_grad(set_to_none=True)
-    if mode == "async":
+    if mode.startswith("async"):
         guard.flush()
     sync(device)
-    return args.steps / (time.perf_counter() - start)
+    rate = args.steps / (time.perf_counter() - start)
+    guard.close()
+    folder.cleanup()
+    return rate
 
 
 def main() -> None:
@@ -95,7 +106,7 @@ def main() -> None:
         f"device {device}; GPT {args.layers} layers, d_model {args.d_model}, batch {args.batch} "
         f"x {args.seq} tokens, fused AdamW; {args.steps} steps per run, {args.rounds} rounds\n"
     )
-    modes = ("none", "sync", "async")
+    modes = ("none", "sync", "sync+record", "async", "async+record")
     rates: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.rounds):  # alternate, so drift hits all three alike
         for m in modes:
@@ -107,7 +118,13 @@ def main() -> None:
              for m in modes}  # fmt: skip
     print("\n| guard | steps/s (median) | ratio to no guard (median of per-round ratios) |")
     print("|---|---|---|")
-    names = {"none": "none (baseline)", "sync": "Guard.step", "async": "Guard.step_async"}
+    names = {
+        "none": "none (baseline)",
+        "sync": "Guard.step",
+        "sync+record": "Guard.step + run record",
+        "async": "Guard.step_async",
+        "async+record": "Guard.step_async + run record",
+    }
     for m in modes:
         print(f"| {names[m]} | {med[m]:.1f} | {ratio[m]:.3f} |")
 

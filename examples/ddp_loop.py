@@ -16,7 +16,9 @@
   ranks (R301) and dead ones (R302, with the signal).
 
 Rank 0 logs every step's global batch hash to OUT/steps.jsonl and the final weights (and their
-hash) to OUT/model.safetensors; the guard's findings go to OUT/guard.jsonl.
+hash) to OUT/model.safetensors; the guard's findings go to OUT/guard.jsonl, and its run record
+(every step's loss, gradient norm, learning rate, batch, decision) to OUT/metrics.jsonl and
+OUT/run.json, which `trainguard report`, `batch`, `eval` and `watch` read.
 """
 
 from __future__ import annotations
@@ -70,6 +72,12 @@ def main() -> None:
     guard = trainguard.Guard(run_dir=args.out / (f"rank{rank}" if rank else ""), distributed=True)
     state = {"model": raw, "optimizer": optimizer, "sampler": sampler, "guard": guard}
     checkpointer = trainguard.Checkpointer(args.out / "checkpoints", keep=3)
+    # The run record (OUT/run.json, OUT/metrics.jsonl): `trainguard report/batch/eval OUT`.
+    config = {"max_steps": args.max_steps, "global_batch": GLOBAL_BATCH, "vocab": VOCAB}
+    seq = len(dataset[0][1])  # tokens per sample: the record's `tokens`
+    guard.record.attach(
+        sampler=sampler, config=config, checkpoints=checkpointer.root, tokens_per_sample=seq
+    )
     log = StepLog(args.out / "steps.jsonl", rank)
 
     def forward_backward(s: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,6 +109,8 @@ def main() -> None:
         faults.at_step(step, rank)
         held = {step - 1: held[step - 1]} if step - 1 in held else {}  # kept for a rerun
         held[step], read = [], []  # this step's micro-batches; rank 0's sample ids
+        for group in optimizer.param_groups:  # this step's rate, in the record's step row
+            group["lr"] = lr_at(step, args.max_steps)
         for _ in range(sampler.accum_steps):
             with guard.phase("data", step):
                 ids, x, y = next(batches)
@@ -115,8 +125,6 @@ def main() -> None:
         log.step(step, sampler, read, loss, judged.known.action if judged.known else "")
         back = settled(judged)  # a rollback restores the checkpoint, skips the bad batches
         if back is None:
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, args.max_steps)
             with guard.phase("optimizer", step):
                 judged.optimizer_step(optimizer)  # applied, or skipped as judged
             optimizer.zero_grad(set_to_none=True)

@@ -313,11 +313,11 @@ ROWS = [
     ),
     # --- batch ------------------------------------------------------------------------------
     row("batch-run-dir-missing", "batch", "{out}/nothing", "--step", "1", says=NOT_EXIST),
-    row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a trainguard",)),
+    row("batch-not-a-run-dir", "batch", "{inputs}", "--step", "1", says=("not a run dir",)),
     row("batch-recipe-not-utf8", "batch", "{run_bad_recipe}", "--step", "1", says=("UTF-8",)),
-    *[
-        row(f"batch-step-{n}", "batch", "{run_ok}", "--step", n, says=("out of range", "1 and 5"))
-        for n in ("0", "9")
+    *[  # steps count from 0: the previous release's rows 1..5 read as steps 0..4
+        row(f"batch-step-{n}", "batch", "{run_ok}", "--step", n, says=("out of range", "0 and 4"))
+        for n in ("-1", "5")
     ],
     row(
         "batch-no-data",
@@ -334,6 +334,32 @@ ROWS = [
         "batch-metrics-row-nested-too-deep",
         *("batch", "{run_deep}", "--step", "2"),
         says=("metrics.jsonl:6: values nest deeper than 64 levels", "no prepared data"),
+    ),
+    # issue 22: run record (--describe: the user's sample id -> text function)
+    row(
+        "batch-describe-file-missing",
+        *("batch", "{run_ok}", "--step", "2", "--describe", "{inputs}/nothing.py:describe"),
+        says=("--describe file", "does not exist", "file.py:function"),
+    ),
+    row(
+        "batch-describe-no-function",
+        *("batch", "{run_ok}", "--step", "2", "--describe", "{inputs}/models/nanleak.py"),
+        says=("--describe target", "names no function", "file.py:function"),
+    ),
+    row(
+        "batch-describe-function-missing",
+        *("batch", "{run_ok}", "--step", "2", "--describe", "{inputs}/models/nanleak.py:nope"),
+        says=("has no callable 'nope'",),
+    ),
+    row(
+        "batch-describe-module-not-importable",
+        *("batch", "{run_ok}", "--step", "2", "--describe", "no_such_module_tg:describe"),
+        says=("cannot import module", "no_such_module_tg", "PYTHONPATH"),
+    ),
+    row(
+        "batch-own-record-step-out-of-range",
+        *("batch", "{own_record}", "--step", "5"),
+        says=("out of range", "0 and 4"),
     ),
     # --- reference record -----------------------------------------------------------------
     *[
@@ -452,14 +478,15 @@ ROWS = [
     row(
         "reference-record-metrics-loss-of-400-digits",
         *("reference", "record", "{finished_big}", "--out", "{out}/r.json"),
-        says=("non-finite loss at step 3",),
+        # the previous release's row of step 3 (completed steps) is 0-based step 2 (issue 22)
+        says=("non-finite loss at step 2",),
     ),
     # --- recipes --------------------------------------------------------------------------
     row("recipes-unknown-option", "recipes", "--bogus", says=("--bogus",)),
     # --- report ---------------------------------------------------------------------------
     row("report-recipe-not-utf8", "report", "{run_bad_recipe}", says=("recipe", "UTF-8")),
     row("report-metrics-not-utf8", "report", "{run_bad_metrics}", says=("metric", "UTF-8")),
-    row("report-not-a-run-dir", "report", "{inputs}", says=("not a trainguard run dir",)),
+    row("report-not-a-run-dir", "report", "{inputs}", says=("not a run dir", "no run record")),
     row("report-html-is-a-folder", "report", "{run_html_dir}", exit=1, says=cannot("report.html")),
     row("report-readonly", "report", "{ro_run}", exit=1, says=cannot("{ro_run}"), fault="readonly"),
     row(
@@ -1194,6 +1221,17 @@ ROWS = [
         says=("metrics-deep.jsonl:6: values nest deeper than 64 levels",),
     ),
     row("watch-metrics-number-of-400-digits", "watch", "{metrics_big}", exit=1, says=("R101",)),
+    # issue 22: run record (--reference: compare any log with a reference curve)
+    row(
+        "watch-reference-missing",
+        *("watch", "{own_record}", "--reference", "{out}/nothing.ref.json"),
+        says=("nothing.ref.json",),
+    ),
+    row(
+        "watch-reference-with-follow",
+        *("watch", "{own_record}", "--follow", "--reference", "{ref_other}"),
+        says=("--reference", "leave out --follow"),
+    ),
     # --- drill ----------------------------------------------------------------------------
     row(
         "drill-markdown-is-recipe",
@@ -1303,6 +1341,24 @@ ROWS = [
         says=("regular expression",),
     ),
     row("eval-target-missing", "eval", "{out}/nothing", says=NOT_EXIST),
+    # issue 22: run record (another loop's record: the user's model factory and tokenizer)
+    row(
+        "eval-own-record-without-model",
+        *("eval", "{own_record}"),
+        says=("own loop record", "--model module:function", "--tokenizer", "--spec"),
+    ),
+    row(
+        "eval-own-record-model-file-missing",
+        *("eval", "{own_record}", "--model", "{inputs}/nothing.py:make"),
+        *("--tokenizer", "{tokenizer}", "--spec", "python_next_line"),
+        says=("model file", "does not exist"),
+    ),
+    row(
+        "eval-own-record-without-checkpoints",
+        *("eval", "{own_record}", "--model", "{inputs}/models/nanleak.py:make"),
+        *("--tokenizer", "{tokenizer}", "--spec", "python_next_line"),
+        says=("records no checkpoint",),
+    ),
     # issue 26: values
     *[
         row(f"eval-mc-{name}", "eval", "{empty_run}", "--spec", f"{{spec_mc_{name}}}", says=says)
@@ -1561,6 +1617,15 @@ class Workspace:
             run.mkdir()
             _write(run / "metrics.jsonl", metrics)
             _write(run / "recipe.yaml", yaml.safe_dump(recipe))
+        # issue 22: another loop's run record (run.json of schema 2, no recipe, no checkpoint)
+        own = p["own_record"] = root / "own-record"
+        own.mkdir()
+        info = {"schema_version": 2, "loop": "own loop", "environment": {"python": "3"}}
+        _write(own / "run.json", json.dumps(info | {"sampler": None, "checkpoints": None}))
+        _write(
+            own / "metrics.jsonl",
+            "".join(json.dumps({"kind": "step", "step": s, "loss": 1.0}) + "\n" for s in range(5)),
+        )
         # A run whose prepared data is gone: its cache folder was never filled.
         no_data = {**recipe, "data": {**recipe["data"], "cache_dir": str(root / "no-cache")}}
         p["run_no_data"] = root / "run-no-data"

@@ -114,8 +114,9 @@ def test_record_warns_when_the_run_was_not_clean(tiny_run_copy: Path) -> None:
         f.write(json.dumps(skipped) + "\n" + json.dumps(rollback) + "\n")
     _, findings = record_reference(tiny_run_copy)
     assert [f.code for f in findings] == ["R507"], findings
-    assert findings[0].data == {"skipped_steps": [5], "rollbacks": 1, "drift": False}
-    assert "skipped 1 update(s) (first at step 5)" in findings[0].message
+    # The run's rows count completed steps (run.json schema 1): read 0-based, row 5 is step 4.
+    assert findings[0].data == {"skipped_steps": [4], "rollbacks": 1, "drift": False}
+    assert "skipped 1 update(s) (first at step 4)" in findings[0].message
 
 
 def test_clean_rerun_is_bitwise_equal_with_operational_keys_changed(

@@ -270,11 +270,12 @@ def test_report_lists_episodes_and_skipped_updates(tmp_path: Path) -> None:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     html_path, md_path = write_report(run_dir)
     md = md_path.read_text()
-    assert md.count("**R101**") == 1 and "(steps 10-29, 20 findings)" in md
-    assert "| skipped updates | 2 (steps 10, 11) |" in md
+    # The previous release's rows (no run.json) count completed steps: the report's are 0-based.
+    assert md.count("**R101**") == 1 and "(steps 9-28, 20 findings)" in md
+    assert "| skipped updates | 2 (steps 9, 10) |" in md
     assert "| train loss average | none:" in md
     html = html_path.read_text()
-    assert html.count("<td>R101</td>") == 1 and "10-29 (20 findings)" in html
+    assert html.count("<td>R101</td>") == 1 and "9-28 (20 findings)" in html
 
 
 def test_run_prints_one_line_per_episode_and_its_skips(

@@ -32,14 +32,14 @@ def _called_exit(what: str, e: SystemExit) -> ModelTargetError:
     )
 
 
-def _import_target_module(spec: str) -> Any:
+def _import_target_module(spec: str, what: str = "model file", fmt: str = _FORMAT) -> Any:
     path = Path(spec)
     if spec.endswith(".py") or path.exists():
-        require_file(path, "model file", _FORMAT, ModelTargetError)
+        require_file(path, what, fmt, ModelTargetError)
         name = f"_trainguard_target_{stable_u64(str(path.resolve())):x}"
         module_spec = importlib.util.spec_from_file_location(name, path)
         if module_spec is None or module_spec.loader is None:
-            raise ModelTargetError(f"cannot import {spec} as a Python file", _FORMAT)
+            raise ModelTargetError(f"cannot import {spec} as a Python file", fmt)
         module = importlib.util.module_from_spec(module_spec)
         # Let the file import its neighbours, as `python file.py` would.
         sys.path.insert(0, str(path.resolve().parent))
@@ -60,18 +60,22 @@ def _import_target_module(spec: str) -> Any:
     except Exception as e:
         raise ModelTargetError(
             f"cannot import module {spec!r}: {type(e).__name__}: {e}",
-            f"{_FORMAT}; the module must be importable (installed or on PYTHONPATH)",
+            f"{fmt}; the module must be importable (installed or on PYTHONPATH)",
         ) from e
     except SystemExit as e:
         raise _called_exit(f"importing module {spec!r}", e) from None
 
 
-def load_model(target: str) -> nn.Module:
-    """The module built by the factory that `target` names."""
+def load_callable(
+    target: str, what: str = "model", fmt: str = _FORMAT, kind: str = "factory"
+) -> Any:
+    """The callable `target` (`path/to/file.py:function` or `package.module:function`) names,
+    not called; ModelTargetError (exit 2) naming the problem otherwise. `what` names it in the
+    messages (the model factory, the `--describe` function)."""
     spec, sep, attr = target.rpartition(":")
     if not sep or not spec or not attr:
-        raise ModelTargetError(f"model target {target!r} names no factory", _FORMAT)
-    module = _import_target_module(spec)
+        raise ModelTargetError(f"{what} target {target!r} names no {kind}", fmt)
+    module = _import_target_module(spec, f"{what} file", fmt)
     factory = getattr(module, attr, None)
     if not callable(factory):
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -79,6 +83,13 @@ def load_model(target: str) -> nn.Module:
             f"{spec} has no callable {attr!r}",
             f"name one of its callables: {', '.join(public[:12]) or '(none)'}",
         )
+    return factory
+
+
+def load_model(target: str) -> nn.Module:
+    """The module built by the factory that `target` names."""
+    factory = load_callable(target)
+    attr = target.rpartition(":")[2]
     try:
         model = factory()
     except Exception as e:

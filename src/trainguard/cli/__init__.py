@@ -53,7 +53,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "plan": ("plan",),
     "recipes": ("recipes",),
     "reference": ("reference",),
-    "report": ("run",),
+    "report": ("report",),
     "run": ("run",),
     "scale": ("scale",),
     "watch": ("watch",),

@@ -1,4 +1,4 @@
-"""`trainguard run [RECIPE]`: the main job; `trainguard report RUN_DIR`.
+"""`trainguard run [RECIPE]`: the main job.
 
 With `--json` every exit prints exactly one JSON object on stdout (`RunResult.to_dict`), and its
 `ok` agrees with the exit status: finished (0), halted, stopped by pre-flight, D104 or C107, or a
@@ -311,16 +311,3 @@ def register(app: typer.Typer) -> None:
             out.end(RunResult.empty(folder).with_error(e))  # unless run_recipe has printed it
             raise
         raise typer.Exit(ExitStatus.OK)
-
-    @app.command("report")
-    def report_command(
-        run_dir: Annotated[Path, typer.Argument(help="A run dir written by `trainguard run`.")],
-    ) -> None:
-        """Regenerate RUN_DIR/report.html and RUN_DIR/report.md from the run's files."""
-        from trainguard.report.build import write_report
-
-        skipped: list[str] = []
-        html_path, md_path = write_report(run_dir, skipped)
-        for line in skipped:
-            err_console.print(f"warning: {line}", markup=False, soft_wrap=True)
-        console.print(f"wrote {html_path} and {md_path}", markup=False, soft_wrap=True)

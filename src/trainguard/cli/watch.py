@@ -3,7 +3,8 @@
 Each chosen metric's detectors (`MonitorSet`), and the data-loader stall (R605) from the rows'
 `data_time_s` and `step_time_s` where they have them (`trainguard run`'s step rows do; so may
 any loop that logs the two). The MoE router codes (R601-R604) need each step's per-expert
-counts, which a metric log does not hold: they are judged in the run only."""
+counts: a run record's step rows hold them (`router`) when the loop passed `router_stats` to
+the guard; other logs do not, and those codes are judged in the run only."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from trainguard.findings import EpisodeGrouper, Finding, has_errors, step_interv
 from trainguard.guard.config import MonitorsConfig
 from trainguard.guard.detectors.loader import LoaderStallDetector
 from trainguard.guard.detectors.metric_names import choose_metrics
+from trainguard.guard.detectors.moe import MoEHealthDetector
 from trainguard.guard.detectors.monitor_set import MonitorSet, infer_kind
 from trainguard.guard.detectors.zero_loss import ZeroLossDetector
 from trainguard.metrics.formats import ACCEPTED, detect_format, follow_rows, read_rows
@@ -71,6 +73,7 @@ class Replay:
     ) -> None:
         self.per_metric = MonitorSet(config, metrics, data_period)
         self.loader = LoaderStallDetector(config)
+        self.moe = MoEHealthDetector(config)  # R601-R604, from a run record's router counts
         names = set(metrics) | set(keys or ())
         self.zero = [
             ZeroLossDetector(name, _grad_beside(name, names), hf_filtered)
@@ -82,9 +85,12 @@ class Replay:
     def metrics(self) -> dict[str, Any]:
         return self.per_metric.metrics
 
-    def update(self, step: int, values: dict[str, float | None]) -> list[Finding]:
+    def update(
+        self, step: int, values: dict[str, float | None], router: dict[str, Any] | None = None
+    ) -> list[Finding]:
         data_s, step_s = values.get("data_time_s"), values.get("step_time_s")
         found = self.per_metric.update(step, values) + self.loader.update(step, data_s, step_s)
+        found += self.moe.update(step, router)
         for z in self.zero:
             found += z.update(step, values)
         return found
@@ -96,19 +102,63 @@ class Replay:
         self.per_metric.set_data_period(period)
 
 
+def _count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _router(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """A run record row's MoE counts (`router`: layer -> tokens_routed, tokens_dropped,
+    expert_counts), the layers whose counts are whole numbers; None when it has none."""
+    layers = raw.get("router")
+    if not isinstance(layers, dict):
+        return None
+    kept = {
+        name: layer
+        for name, layer in layers.items()
+        if isinstance(layer, dict)
+        and _count(layer.get("tokens_routed"))
+        and _count(layer.get("tokens_dropped", 0))
+        and isinstance(layer.get("expert_counts"), list)
+        and all(_count(c) for c in layer["expert_counts"])
+    }
+    return kept or None
+
+
+def compare_reference(
+    reference: Path, rows: list[tuple[int, dict[str, Any], Any, str | None]], loss: str | None
+) -> tuple[list[Finding], dict[str, Any]]:
+    """The log's loss (and batch hash) against a reference curve (`reference record`'s file):
+    R501-R506 as `trainguard run` reports them, step by step. A reference numbered from 1 (a
+    `trainguard run` that logged completed steps) meets 0-based rows one step on."""
+    from trainguard.guard.detectors.reference import ReferenceMonitor
+    from trainguard.reference.curve import load_reference
+
+    curve = load_reference(reference)
+    monitor = ReferenceMonitor(curve, origin=f"the reference {reference}")
+    shift = 1 if curve.steps and curve.steps[0] == 1 and rows and rows[0][0] == 0 else 0
+    found: list[Finding] = []
+    for step, values, _, hashed in rows:
+        value = values.get(loss) if loss else None
+        if value is not None:
+            found += monitor.update(step + shift, {"loss": value, "batch_hash": hashed})
+    return found, monitor.summary()
+
+
 def watch_log(
     path: str | Path,
     metrics: list[str] | None = None,
     data_period: float | None = None,
     config: MonitorsConfig | None = None,
+    reference: Path | None = None,
 ) -> tuple[list[Finding], dict[str, Any]]:
     """Findings of every detector over a finished log, and a summary (pure: prints nothing)."""
     state = LogState()
     rows = []
     for raw in read_rows(path):
         r = normalise(raw, state)
-        if r is not None:
-            rows.append(r)
+        if r is not None:  # normalise keeps numbers: the router counts and batch hash beside
+            hashed = raw.get("batch_hash") if isinstance(raw.get("batch_hash"), str) else None
+            rows.append((*r, _router(raw), hashed))
     if not rows:
         raise DataError(
             f"metric log {path} has no step rows",
@@ -119,16 +169,22 @@ def watch_log(
     hf = detect_format(Path(path)) == "hf_trainer_state"
     ms = Replay(config or MonitorsConfig(), chosen, period, state.keys, hf_filtered=hf)
     findings: list[Finding] = []
-    for step, values in rows:
-        findings += ms.update(step, values)
+    for step, values, router, _ in rows:
+        findings += ms.update(step, values, router)
     findings += ms.finalize()
+    compared = None
+    if reference is not None:
+        loss = next((name for name, kind in chosen.items() if kind == "loss"), None)
+        found, compared = compare_reference(reference, rows, loss)
+        findings += found
     summary = {
         "source": str(path),
         "rows": len(rows),
         "metrics": chosen,
         "data_period_steps": period,
         # Findings this far apart or closer are one episode (a log written every N steps).
-        "log_interval_steps": step_interval([step for step, _ in rows]),
+        "log_interval_steps": step_interval([step for step, *_ in rows]),
+        **({"reference": compared} if compared is not None else {}),
     }
     return findings, summary
 
@@ -245,6 +301,12 @@ def register(app: typer.Typer) -> None:
         set_: list[str] = typer.Option(
             None, "--set", help="Detector setting, e.g. --set loss_spike_z=8 (see docs)."
         ),
+        reference: Path = typer.Option(
+            None,
+            "--reference",
+            help="A reference curve (`trainguard reference record`): compare the log's loss "
+            "with it step by step (R501-R506), as `trainguard run` does.",
+        ),
     ) -> None:
         """Run the in-run detectors (NaN, spikes, divergence, waves, throughput, loader
         stalls) over a log."""
@@ -253,9 +315,11 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(
                 f"--data-period {data_period} is not positive", "give the period in steps"
             )
+        if reference is not None and follow:
+            raise ConfigError("--reference compares a finished log", "leave out --follow")
         if follow:
             _follow(metrics_log, metric or None, data_period, config, as_json, idle_timeout)
             return
-        findings, summary = watch_log(metrics_log, metric or None, data_period, config)
+        findings, summary = watch_log(metrics_log, metric or None, data_period, config, reference)
         gap = summary["log_interval_steps"]
         emit_episodes(findings, as_json, extra=summary, title="watch", gap=gap)

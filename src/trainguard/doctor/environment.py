@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
-import trainguard
 from trainguard.doctor.report import LocalResult, RankContext
+from trainguard.metrics.environment import cpu_model as cpu_model
+from trainguard.metrics.environment import software_versions as software_versions
 from trainguard.util.processes import available_cores
 
 # Variables compared across ranks: a value set on some hosts only is a classic hang.
@@ -113,37 +114,6 @@ def suspect_settings(env: Mapping[str, str]) -> list[tuple[str, str, str]]:
 
 def comm_settings(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(env.items()) if k.startswith(COMM_PREFIXES) or k in COMM_EXTRA}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def software_versions() -> dict[str, str | None]:
-    """Versions that must match across ranks: Python, torch, CUDA, cuDNN, NCCL, the driver."""
-    from trainguard.doctor.nvml import driver_version
-
-    cuda = torch.cuda.is_available()
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    nccl = None
-    if cuda and torch.distributed.is_nccl_available():
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "trainguard": trainguard.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": None if cudnn is None else str(cudnn),
-        "nccl": nccl,
-        "driver": driver_version() if cuda else None,
-    }
 
 
 def collect_environment(env: Mapping[str, str] | None = None) -> dict[str, Any]:

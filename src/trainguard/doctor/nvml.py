@@ -16,6 +16,8 @@ from typing import Any
 
 from trainguard.doctor.report import LocalResult, RankContext, Who
 from trainguard.findings import Finding
+from trainguard.metrics.environment import driver_version as driver_version
+from trainguard.metrics.environment import nvml as _nvml
 
 # NVML clock event ("throttle") reason bits (nvml.h, nvmlClocksEventReason*).
 THROTTLE_BITS = {
@@ -58,27 +60,6 @@ HARDWARE_XIDS = {
     140: "ECC unrecovered error",
 }
 _XID = re.compile(r"NVRM: Xid \((?P<pci>[^)]*)\): (?P<xid>\d+)(?:, (?P<rest>.*))?")
-
-
-def _nvml() -> Any | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml
-    except Exception:  # not installed, no driver, no permission: nothing to read
-        return None
-
-
-def driver_version() -> str | None:
-    nv = _nvml()
-    if nv is None:
-        return None
-    try:
-        v = nv.nvmlSystemGetDriverVersion()
-        return v.decode() if isinstance(v, bytes) else str(v)
-    except Exception:
-        return None
 
 
 def _query(fn: Callable[[], Any]) -> Any:

@@ -17,12 +17,10 @@
 - `settle`: acts on a decision in one place (guard/settle.py): the rerun that tells hardware
   (R205) from data (R206), the rollback (`Guard.rollback`), the halt (RunHalted).
 
-The parts stay public: `step` (the host path's judgement, a Decision), `step_async` (the
-device path's), `flush` (the pending step read back now), `end_step` (`after_update` without the
-read-back). Steps count from 0. Findings go to `run_dir/guard.jsonl` and the sinks
-(`tensorboard_dir=`, `sinks=`); actions per code: `actions={"R102": "apply"}` (policy.py).
-`distributed=True` adds the multi-process guards (metrics averaged over the ranks; `phase(name,
-step)` times phases and names a hung rank).
+The parts stay public: `step` (the host path's judgement), `step_async` (the device path's),
+`flush` (the pending step read back), `end_step` (`after_update` without the read-back). Steps
+count from 0. What the guard writes: guard/logs.py; actions per code: policy.py;
+`distributed=True` adds the multi-process guards (guard/distributed/).
 """
 
 from __future__ import annotations
@@ -50,12 +48,14 @@ from trainguard.guard.detectors.loader import LoaderStallDetector
 from trainguard.guard.detectors.moe import MoEHealthDetector, RouterStats, router_summary
 from trainguard.guard.detectors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
 from trainguard.guard.judgement import Judgement, Settled
+from trainguard.guard.logs import close_logs, log_findings, log_step
 from trainguard.guard.policy import DEFAULT_ACTIONS, decide, decides_on_device
 from trainguard.guard.rerun import classify_rerun
 from trainguard.guard.rollback import rollback
 from trainguard.guard.settle import Rerun, merged, settle
 from trainguard.guard.state import guard_state, load_guard_state, take_windows
 from trainguard.metrics.jsonl import MetricsLog
+from trainguard.metrics.record import RecordWriter
 from trainguard.metrics.sinks import MetricsFanout, MetricsSink
 
 if TYPE_CHECKING:  # imported when a Guard is made distributed (torch.distributed)
@@ -88,7 +88,9 @@ class Guard:
         sinks: list[MetricsSink] | None = None,
         distributed: bool | DistributedConfig | DistributedGuards = False,
     ) -> None:
-        """`run_dir`: findings go to `run_dir/guard.jsonl`. `tensorboard_dir`: every step's
+        """`run_dir`: findings go to `run_dir/guard.jsonl`, and the run record (every step's
+        row, findings, rollbacks: `run_dir/metrics.jsonl`, `run_dir/run.json`) is written
+        through `guard.record`. `tensorboard_dir`: every step's
         metrics and findings go to TensorBoard (the `tensorboard` extra); `sinks`: to any
         other `MetricsSink` (e.g. `trainguard.metrics.wandb_sink.WandbSink`). `config`: a
         `GuardsConfig` or a dict of its fields (the recipe's `guards` section)."""
@@ -107,6 +109,9 @@ class Guard:
         # The same fan-out `run` writes through: rows of metrics.jsonl's shape to each sink.
         self.sinks = MetricsFanout(None, viewers)
         self._findings_log = MetricsLog(self.run_dir, "guard.jsonl") if self.run_dir else None
+        # The run record (metrics.jsonl + run.json, docs/run-record.md): `guard.record.attach(
+        # sampler=..., config=..., checkpoints=...)` adds what the guard cannot see.
+        self.record = RecordWriter(self.run_dir) if self.run_dir else None
         self.monitors = MonitorSet(self.config, metrics or DEFAULT_METRICS, data_period)
         self.moe = MoEHealthDetector(self.config)  # R601-R604, from `router_stats`
         self.loader = LoaderStallDetector(self.config)  # R605, from the data phase's time
@@ -213,6 +218,8 @@ class Guard:
             self.clock.times(data_time_s, step_time_s)  # keep the step clock going
             return Decision(step)
         self._refuse_if_pending("step")
+        if self.record is not None and optimizer is not None:
+            self.record.optimizer = optimizer  # its learning rate in the step rows
         if grad_norm is None and model is not None:
             grad_norm = grad_norm_of(model)
         values: dict[str, float | None] = {
@@ -241,7 +248,7 @@ class Guard:
         found += self.loader.update(step, values.get("data_time_s"), values.get("step_time_s"))
         decision = decide(self, step, found) if found else Decision(step)
         decision.values = values
-        self._log(step, values, decision)
+        self._log(step, values, decision, router_stats)
         return decision
 
     # --- the device path: no host sync in the step ---------------------------------------------
@@ -361,32 +368,28 @@ class Guard:
         (or the rollback limit could never be reached)."""
         take_windows(self, checkpoint_state)
 
-    # --- the record ----------------------------------------------------------------------------
-    def _log(self, step: int, values: dict[str, float | None], decision: Decision) -> None:
-        self._log_findings(decision.findings)
-        if self.sinks.viewers:
-            metrics = {k: v for k, v in values.items() if v is not None}
-            self.sinks.write({"kind": "step", "step": step, **metrics, "action": decision.action})
+    # --- the record (guard/logs.py) ----------------------------------------------------------
+    def _log(
+        self,
+        step: int,
+        values: dict[str, float | None],
+        decision: Decision,
+        router_stats: RouterStats | None = None,
+    ) -> None:
+        log_step(self, step, values, decision, router_stats)
 
     def report(self, findings: list[Finding]) -> None:
         """Record findings made outside the detectors (a checkpoint that failed verification
-        on resume) where the guard's own go: guard.jsonl and every sink."""
-        self._log_findings(findings)
+        on resume) where the guard's own go: guard.jsonl, the run record and every sink."""
+        log_findings(self, findings)
 
     def _log_findings(self, findings: list[Finding]) -> None:
-        """Findings to guard.jsonl and to every sink."""
-        for row in ({"kind": "finding", **f.to_dict()} for f in findings):
-            if self._findings_log is not None:
-                self._findings_log.write(row)
-            if self.sinks.viewers:
-                self.sinks.write(row)
+        log_findings(self, findings)
 
     def close(self) -> None:
         """Flush and close guard.jsonl and the metric sinks; disarm the distributed part's
         SIGTERM stack dump."""
-        if self._findings_log is not None:
-            self._findings_log.close()
-        self.sinks.close()
+        close_logs(self)
         if self.distributed is not None:
             self.distributed.close()
 

@@ -337,6 +337,11 @@ class GuardedTrainerMixin:
                 chat_preflight(self, options)  # sets self.chat_findings
         sampler = self._sampler()
         state = {"guard": self.guard, "sampler": sampler}
+        if self.guard.record is not None:  # the run record: data order, arguments, checkpoints
+            where = {"root": self.args.output_dir, "layout": "hf"}
+            self.guard.record.attach(
+                sampler=sampler, config=self.args, checkpoints=where, loop="hf trainer"
+            )
         resume = resume_folder(self, resume_from_checkpoint, state)  # verified first
         while True:
             self.stop_decision, self._step_loss, self._judgement = None, None, None

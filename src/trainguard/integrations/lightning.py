@@ -46,12 +46,6 @@ from typing import Any
 
 try:
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-    from lightning.pytorch.strategies import (
-        DDPStrategy,
-        DeepSpeedStrategy,
-        FSDPStrategy,
-        SingleDeviceStrategy,
-    )
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "trainguard.integrations.lightning needs Lightning: pip install 'trainguard[lightning]'"
@@ -64,6 +58,7 @@ from trainguard.guard.core import Guard, grad_norm_of
 from trainguard.guard.decision import Decision
 from trainguard.guard.judgement import Judgement
 from trainguard.guard.rollback import no_checkpoint
+from trainguard.integrations.lightning_strategy import check_strategy
 from trainguard.integrations.step_inputs import StepInputs
 from trainguard.integrations.verified import (
     Verified,
@@ -137,6 +132,15 @@ class TrainguardLightningCallback(Callback):
         self._judgement = None
         self._inputs.clear()
         self.sampler.set_step(0)  # a fresh fit; a restored checkpoint moves it (load_state_dict)
+        if self.guard.record is not None:  # the run record: data order, hparams, checkpoints
+            saver = next(
+                (c for c in trainer.callbacks if isinstance(c, VerifiedModelCheckpoint)), None
+            )
+            where = {"root": saver.dirpath, "layout": "lightning"} if saver is not None else None
+            config = dict(getattr(pl_module, "hparams", {}) or {}) or None
+            self.guard.record.attach(
+                sampler=self.sampler, config=config, checkpoints=where, loop="lightning"
+            )
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         self.mark("backward")  # the all-reduce ends in here: the others' wait, not a lag
@@ -271,25 +275,6 @@ class TrainguardLightningCallback(Callback):
         else:
             _LoadedState(state_dict, step).load_latest(state)
         self.sampler.set_step(step)  # the resumed iterator starts at the restored step
-
-
-def check_strategy(strategy: Any) -> None:
-    """ConfigError for a strategy the guard cannot judge (checked in `setup`, before any step):
-    DeepSpeed keeps the gradients in its engine and steps the optimizer itself; FSDP (version
-    1) holds flat local shards whose norm is one rank's; the rest is untested. Guarded: one
-    device, DDP."""
-    why = None
-    if isinstance(strategy, DeepSpeedStrategy):
-        why = "DeepSpeed keeps the gradients inside its engine and steps the optimizer itself"
-    elif isinstance(strategy, FSDPStrategy):
-        why = "FSDP (version 1) holds flat local shards: the gradient norm would be one rank's"
-    elif not isinstance(strategy, SingleDeviceStrategy | DDPStrategy):
-        why = f"the strategy {type(strategy).__name__} is untested with the guard"
-    if why is not None:
-        raise ConfigError(
-            f"TrainguardLightningCallback cannot guard this run: {why}",
-            "train on one device or with strategy='ddp', or without the callback (unguarded)",
-        )
 
 
 class VerifiedModelCheckpoint(ModelCheckpoint):

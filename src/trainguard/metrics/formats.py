@@ -3,6 +3,8 @@
 - JSON Lines and CSV/TSV with a header (any trainer; `logfile`), followed live with `--follow`;
 - a TensorBoard event file, or a folder holding one run's event files (`tensorboard_read`);
 - a Hugging Face `trainer_state.json` (its `log_history`), or the checkpoint folder holding it;
+- a run dir holding a run record (`metrics/record.py`: any loop's metrics.jsonl and run.json),
+  read with 0-based steps (`metrics.record_read`);
 - a W&B UI "Export CSV": a first column for the x axis (`Step`) and one `<run> - <metric>`
   column per run, with `<run> - <metric>__MIN` / `__MAX` companions (ignored).
 
@@ -23,7 +25,9 @@ from typing import Any
 
 from trainguard.errors import DataError
 from trainguard.metrics.accepted import ACCEPTED, EVENT_GLOB
+from trainguard.metrics.jsonl import METRICS_FILE
 from trainguard.metrics.logfile import csv_rows, follow_lines, jsonl_rows
+from trainguard.metrics.record_read import as_recorded, is_run_record, read_run_info
 from trainguard.util.inputs import read_text, require_file
 
 FIX = f"give one of: {ACCEPTED}"
@@ -52,8 +56,11 @@ def _head_text(path: Path, size: int = 65536) -> str:
 
 
 def detect_format(path: Path) -> str:
-    """One of jsonl, csv, tensorboard, hf_trainer_state, wandb_csv; a DataError otherwise."""
+    """One of run_record, jsonl, csv, tensorboard, hf_trainer_state, wandb_csv; a DataError
+    otherwise."""
     if path.is_dir():
+        if is_run_record(path):  # any loop's run record: metrics.jsonl beside run.json
+            return "run_record"
         if (path / HF_STATE).is_file():
             return "hf_trainer_state"
         if any(p.is_file() for p in path.rglob(EVENT_GLOB)):
@@ -99,6 +106,11 @@ def read_rows(path: str | Path) -> Iterator[dict[str, Any]]:
         return
     if fmt == "hf_trainer_state":
         yield from trainer_state_rows(path / HF_STATE if path.is_dir() else path)
+        return
+    if fmt == "run_record":  # its metrics.jsonl, steps 0-based whoever wrote it
+        log = path / METRICS_FILE
+        text = read_text(log, "metric log", FIX, DataError)
+        yield from as_recorded(list(jsonl_rows(log, text)), read_run_info(path))
         return
     text = read_text(path, "metric log", FIX, DataError)  # strict: no silent U+FFFD values
     if fmt == "wandb_csv":

@@ -1,9 +1,11 @@
 """`trainguard reference record RUN_DIR`: a finished run's curve as a `ReferenceCurve`.
 
-Read from the run dir: `recipe.yaml` (re-validated, so keys added since carry their defaults and
-the hash matches today's runs of the same recipe), `metrics.jsonl` (every step's loss and batch
-hash, the evaluations, the environment logged at the start, findings), and the newest verified
-checkpoint's data identity. Nothing in the run dir is changed.
+Read from any run record (`metrics.record_read`): for `trainguard run`, `recipe.yaml`
+(re-validated, so keys added since carry their defaults and the hash matches today's runs of the
+same recipe) and the newest verified checkpoint's data identity; for another loop, the config
+its run.json holds (its `max_steps`, when it has one, says when the run is finished); for both,
+`metrics.jsonl` (every step's loss and batch hash, the evaluations, findings) and the
+environment. Nothing in the run dir is changed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from trainguard.config.identity import curve_recipe, recipe_hash
 from trainguard.config.load import read_recipe_yaml, recipe_to_dict, validate_recipe
 from trainguard.errors import BadInputError, TrainguardError
 from trainguard.findings import Finding
-from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
+from trainguard.metrics.jsonl import METRICS_FILE
+from trainguard.metrics.record import SCHEMA_VERSION
+from trainguard.metrics.record_read import RunRecord, read_record
 from trainguard.reference.curve import MIN_STEPS, ReferenceCurve
 
 _FINISH = "finish it first: run the same `trainguard run` command again with --run-dir {run_dir}"
@@ -46,83 +50,94 @@ def _recipe(run_dir: Path) -> dict[str, Any]:
     return recipe_to_dict(validate_recipe(raw, str(path)))
 
 
-def _last_by_step(rows: list[dict[str, Any]], kind: str) -> dict[int, dict[str, Any]]:
-    """Rows of `kind` by step; a step logged twice (replayed after a crash) keeps its last."""
-    out: dict[int, dict[str, Any]] = {}
-    for r in rows:
-        if r.get("kind") == kind and isinstance(r.get("step"), int):
-            out[r["step"]] = r
-    return out
-
-
 def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _what_ran(record: RunRecord) -> tuple[dict[str, Any], str, int | None]:
+    """(the recipe or config the curve depends on, its name, max_steps when known): a
+    `trainguard run`'s recipe.yaml, else the config run.json holds (any loop's)."""
+    run_dir = record.run_dir
+    if (run_dir / RUN_RECIPE).is_file() or not record.info:
+        recipe = _recipe(run_dir)
+        return recipe, str(recipe.get("name", "")), recipe["train"]["max_steps"]
+    config = record.config if isinstance(record.config, dict) else {}
+    max_steps = config.get("max_steps")
+    known = isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > 0
+    return config, str(config.get("name") or record.loop), max_steps if known else None
 
 
 def record_reference(
     run_dir: str | Path, skipped: list[str] | None = None
 ) -> tuple[ReferenceCurve, list[Finding]]:
-    """The reference of the finished run in `run_dir`, and R507 findings when the run was not
-    clean. BadInputError (exit 2) for a missing, unfinished or damaged run. `skipped`, when
-    given, receives the metrics.jsonl lines left out ("path:line: why")."""
+    """The reference of the finished run in `run_dir` (any run record), and R507 findings when
+    the run was not clean. BadInputError (exit 2) for a missing, unfinished or damaged run.
+    `skipped`, when given, receives the metrics.jsonl lines left out ("path:line: why").
+
+    Steps are numbered as the record's rows were written: 0-based in a run record of schema 2,
+    completed steps (1-based) for a `trainguard run` that still logs them (the numbering its
+    own comparison uses)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise BadInputError(
             f"run dir {run_dir} does not exist", "give the --run-dir of a finished `trainguard run`"
         )
-    recipe = _recipe(run_dir)
-    max_steps = recipe["train"]["max_steps"]
-    rows = read_metrics(run_dir, skipped)
-    steps = _last_by_step(rows, "step")
-    ended = any(r.get("kind") == "event" and r.get("event") == "end" for r in rows)
-    last = max(steps, default=0)
-    if last < max_steps or not ended:
-        why = f"step {last} of {max_steps}" if last < max_steps else "no end event"
+    record = read_record(run_dir, skipped)
+    recipe, name, max_steps = _what_ran(record)
+    rows = record.rows
+    steps = record.last_by_step("step")
+    own_run = record.loop == "trainguard run"
+    ended = bool(record.events("end")) or not own_run  # another loop logs no end event
+    last = max(steps, default=-1)
+    total = max_steps if max_steps is not None else last + 1
+    if last + 1 < total or not ended or not steps:
+        why = f"step {last + 1} of {total}" if last + 1 < total or not steps else "no end event"
         raise BadInputError(
             f"run {run_dir} is unfinished ({why}): a reference is a finished run",
-            _FINISH.format(run_dir=run_dir),
+            _FINISH.format(run_dir=run_dir) if own_run else "record it once the loop finished",
         )
-    missing = [s for s in range(1, max_steps + 1) if s not in steps]
+    missing = [s for s in range(total) if s not in steps]
     if missing:
         raise BadInputError(
             f"{run_dir / METRICS_FILE} lacks the rows of {len(missing)} step(s) (first: "
             f"{missing[0]}): the curve is incomplete",
             "record from a run whose metrics.jsonl is intact",
         )
-    order = list(range(1, max_steps + 1))
+    order = list(range(total))
     bad = [s for s in order if not _finite(steps[s].get("loss"))]
     if bad:
         raise BadInputError(
             f"run {run_dir} has a non-finite loss at step {bad[0]}: not a known-good run",
             "record from a clean run of the recipe",
         )
-    start = next((r for r in rows if r.get("kind") == "event" and r.get("event") == "start"), None)
-    env = (start or {}).get("env")
-    if not isinstance(env, dict):
+    env = record.environment
+    if not env:
         raise BadInputError(
-            f"{run_dir / METRICS_FILE} has no start event with the environment",
-            "record from a run written by `trainguard run` with its metrics.jsonl intact",
+            f"{run_dir} records no environment (no run.json, no start event)",
+            "record from a run whose run.json or metrics.jsonl is intact",
         )
     findings = _not_clean(rows)
+    shift = 1 if record.schema_version < SCHEMA_VERSION else 0  # the rows' own numbering
     evals = [
         {k: r.get(k) for k in ("step", "val_loss", "val_bpb")}
-        for _, r in sorted(_last_by_step(rows, "eval").items())
+        for _, r in sorted(record.last_by_step("eval").items())
     ]
     curve = ReferenceCurve(
-        recipe_name=str(recipe.get("name", "")),
+        recipe_name=name,
         recipe_hash=recipe_hash(recipe),
         recipe=curve_recipe(recipe),
         env=env,
-        steps=order,
+        steps=[s + shift for s in order],
         loss=[steps[s]["loss"] for s in order],
         batch_hash=[steps[s].get("batch_hash") for s in order],
         single_environment=not any(f.code == "H101" for f in _logged_findings(rows)),
-        data_identity=_data_identity(run_dir),
+        data_identity=_data_identity(run_dir) if own_run else None,
         evals=evals,
         source={
             "run_dir": str(run_dir.resolve()),
+            "loop": record.loop,
             "recorded_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "final_step": max_steps,
+            "final_step": total - 1 + shift,
         },
     )
     if len(curve.steps) < MIN_STEPS:

@@ -1,36 +1,38 @@
-"""`trainguard batch RUN_DIR --step N`: the global batch behind a step, decoded.
+"""`trainguard batch RUN_DIR --step N`: the global batch behind a step, decoded, for any run record.
 
-The batch of step N (1-based, as logged) is found by the global position its metrics row logs
-(`position`), or, for a step the guard rolled back, by the position the rollback event lists
-for it (`bad_positions`), so it is found after rollbacks too. A run logged before positions
-were logged falls back to `ElasticSampler` (its step N-1) with the skips the rollback events
-recorded. Each sample is shown with the documents and token offsets it comes from, its decoded
-text, the flags the data filters raise on those documents (D140), and its loss recomputed from
-the newest checkpoint at or before step N-1 when one exists. Nothing is written to the run dir.
+Steps count from 0 in every run record (`metrics.record_read` converts the previous release's).
+The batch of step N is found by the global position its step row logs (`position`), or, for a
+step the guard rolled back, by the position the rollback event lists for it (`bad_positions`),
+so it is found after rollbacks too; a record without positions falls back to the sampler (its
+step N) with the skips the rollback events recorded. The sample ids come from the record's
+`ElasticSampler` (run.json's `sampler`; a `trainguard run` without run.json: its recipe and
+prepared data). What each sample holds is shown when it can be: for `trainguard run`, from its
+prepared data (the documents and token offsets, the decoded text, the data filters' flags
+(D140), the loss from the newest checkpoint at or before the step: `report/batch_prepared.py`);
+for any loop, from a `describe` function the user registers (`module:function`, sample id ->
+text, or a dict with "text" and "loss"). What it could not show is said in `not_shown`, with why.
+Nothing is written to the run dir.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from trainguard.checkpoint.local import scan_root
-from trainguard.checkpoint.manifest import step_dirname
-from trainguard.checkpoint.target import run_checkpoint_root
 from trainguard.config.schema import Recipe
 from trainguard.data.order import batch_hash
-from trainguard.data.prepare import PreparedData, cache_key, default_cache_dir, open_prepared
 from trainguard.data.sampler import ElasticSampler
-from trainguard.errors import BadInputError, DataError
-from trainguard.filters.registry import apply_rules, reasons
+from trainguard.errors import BadInputError, ConfigError
 from trainguard.findings import Finding
-from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
+from trainguard.metrics.record_read import RunRecord, read_record
 
 # The guard's objections a batch may explain: the report links these findings to the batch.
 BATCH_CODES = ("R101", "R102", "R103", "R206")
+# ... and the guard's skips (R201) and rollbacks (R202) of them: the report links all of these.
+LINKED_CODES = (*BATCH_CODES, "R201", "R202")
+Describe = Callable[[int], Any]
 
 
 def batch_command(run_dir: str | Path, step: int) -> str:
@@ -43,45 +45,29 @@ class BatchView:
     """The decoded batch of one step; `to_dict()` is `batch --json` (with ok and findings)."""
 
     step: int
-    position: int
+    position: int | None
     attempts: list[dict[str, Any]]
     loss_from_step: int | None
     samples: list[dict[str, Any]]
     findings: list[Finding] = field(default_factory=list)
+    not_shown: list[str] = field(default_factory=list)  # what could not be shown, and why
+    loop: str = "trainguard run"
+
+    @property
+    def sample_ids(self) -> list[int]:
+        return [s["sample_id"] for s in self.samples]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,
+            "loop": self.loop,
             "position": self.position,
             "attempts": self.attempts,
             "loss_from_step": self.loss_from_step,
+            "sample_ids": self.sample_ids,
             "samples": self.samples,
+            "not_shown": self.not_shown,
         }
-
-
-def _open_run(
-    run_dir: Path, skipped: list[str] | None = None
-) -> tuple[list[dict[str, Any]], Recipe]:
-    from trainguard.config.load import RECIPE_FILE, read_run_recipe, validate_recipe
-
-    if not run_dir.is_dir():
-        raise BadInputError(
-            f"run dir {run_dir} does not exist" if not run_dir.exists() else f"{run_dir} is a file",
-            "pass the folder that `trainguard run` wrote (default runs/<recipe name>)",
-        )
-    if not (run_dir / METRICS_FILE).exists():
-        raise BadInputError(
-            f"{run_dir} has no {METRICS_FILE}: it is not a trainguard run dir",
-            "pass the folder that `trainguard run` wrote (default runs/<recipe name>)",
-        )
-    raw = read_run_recipe(run_dir)
-    if not raw:
-        raise BadInputError(
-            f"{run_dir} has no {RECIPE_FILE}: the batch cannot be decoded without the recipe",
-            f"restore {run_dir / RECIPE_FILE} (trainguard wrote it when the run started)",
-        )
-    rows = read_metrics(run_dir, skipped)
-    return rows, validate_recipe(raw, str(run_dir / RECIPE_FILE))
 
 
 def _int(v: object) -> int | None:
@@ -109,132 +95,140 @@ def find_attempts(rows: list[dict[str, Any]], step: int) -> list[dict[str, Any]]
     return found
 
 
-def _inferred_position(rows: list[dict[str, Any]], recipe: Recipe, n: int, step: int) -> int:
-    """A log without positions: the sampler's step N-1 with the skips the rollbacks logged."""
-    t = recipe.train
-    sampler = ElasticSampler(
-        n,
-        global_batch_size=t.batch_ramp or t.batch_size * t.grad_accum,
-        seed=t.seed,
-        rank=0,
-        world_size=1,
-    )
-    skips = [
-        rng
-        for r in rows
-        if r.get("kind") == "event" and r.get("event") == "rollback"
-        for rng in r.get("skipped_positions") or []
-    ]
-    sampler.load_state_dict(sampler.state_dict() | {"skipped_positions": skips})
-    return sampler.position(step - 1)
+def _recipe(run_dir: Path) -> Recipe | None:
+    """A `trainguard run`'s recipe (validated), None for another loop's record."""
+    from trainguard.config.load import RECIPE_FILE, read_run_recipe, validate_recipe
+
+    raw = read_run_recipe(run_dir)
+    return validate_recipe(raw, str(run_dir / RECIPE_FILE)) if raw else None
 
 
-def _prepared(run_dir: Path, recipe: Recipe) -> PreparedData:
-    d, tok = recipe.data, recipe.tokenizer
-    if d.prepared:  # a prepared folder named in the recipe (remote: through the node cache)
-        return open_prepared(d)
-    cache = Path(d.cache_dir).expanduser() if d.cache_dir else default_cache_dir()
-    folder = cache / cache_key(d, tok)
-    if not folder.is_dir():
-        raise DataError(
-            f"no prepared data for {run_dir}: {folder} does not exist (data.cache_dir was "
-            "cleaned, or data.source changed since the run)",
-            f"prepare it again with the run's settings (trainguard data prepare {d.source} "
-            f"--out {cache} --vocab-size {tok.vocab_size} --min-frequency {tok.min_frequency} "
-            f"--val-fraction {d.val_fraction} --shard-tokens {d.shard_tokens}), or point "
-            f"data.cache_dir in {run_dir}/recipe.yaml at the folder that holds it",
+def _skips(record: RunRecord) -> list[list[int]]:
+    return [rng for r in record.events("rollback") for rng in r.get("skipped_positions") or []]
+
+
+def _sampler_of(identity: Mapping[str, Any], skips: list[list[int]]) -> ElasticSampler:
+    """The record's data order as one process reads it, with the rollbacks' skips."""
+    try:
+        batches = identity.get("batch_schedule") or identity["global_batch_size"]
+        if isinstance(batches, list):
+            batches = [tuple(x) for x in batches]
+        sampler = ElasticSampler(
+            identity["num_samples"],
+            global_batch_size=batches,
+            seed=identity["seed"],
+            rank=0,
+            world_size=1,
         )
-    return PreparedData.from_dir(folder)
+        sampler.load_state_dict(sampler.state_dict() | {"skipped_positions": skips})
+    except (KeyError, TypeError, ValueError, ConfigError) as e:
+        raise BadInputError(
+            f"run.json's sampler {dict(identity)!r:.200} is not an ElasticSampler's identity ({e})",
+            "restore run.json as the run wrote it",
+        ) from None
+    return sampler
 
 
-def _sample_loss_model(run_dir: Path, before: int) -> tuple[Any, int | None]:
-    """The model of the newest local checkpoint at or before step `before` that verifies."""
-    from trainguard.evals.load import open_for_eval
-
-    root = run_checkpoint_root(run_dir)
-    if "://" in root and not root.startswith("file://"):
-        return None, None  # an object store: per-sample losses need a local copy
-    root_path = Path(root.removeprefix("file://"))
-    steps, _ = scan_root(root_path)
-    for s in sorted((s for s in steps if s <= before), reverse=True):
-        opened = open_for_eval(root_path / step_dirname(s))
-        if opened.model is not None:
-            return opened.model, s
-    return None, None
-
-
-def _losses(model: Any, tokens: np.ndarray, chunk: int) -> list[float]:
-    """Mean next-token cross-entropy of each sample (fp32), in chunks of a micro-batch."""
-    import torch  # only when there is a checkpoint: `report` imports this module too
-    import torch.nn.functional as F
-
-    out: list[float] = []
-    with torch.no_grad():
-        for i in range(0, len(tokens), chunk):
-            t = torch.from_numpy(tokens[i : i + chunk])
-            logits = model(t[:, :-1]).float()
-            ce = F.cross_entropy(logits.flatten(0, 1), t[:, 1:].flatten(), reduction="none")
-            out += ce.view(len(t), -1).mean(1).tolist()
-    return out
-
-
-def _documents(data: PreparedData, start: int, stop: int) -> list[dict[str, Any]]:
-    """The documents tokens [start, stop) of the train stream come from, with offsets."""
-    ds = data.train
-    offsets = ds.doc_offsets
-    first = int(np.searchsorted(offsets, start, side="right")) - 1
-    last = int(np.searchsorted(offsets, stop - 1, side="right")) - 1
-    docs = []
-    for j in range(first, last + 1):
-        begin = int(offsets[j])
-        end = int(offsets[j + 1]) if j + 1 < len(offsets) else ds.n_tokens
-        docs.append(
+def _describe_samples(
+    ids: list[int], describe: Describe, name: str, not_shown: list[str]
+) -> list[dict[str, Any]]:
+    """Each sample as the user's `describe(sample_id)` shows it: text, or {"text", "loss"}."""
+    samples, failed = [], []
+    for i, sample_id in enumerate(ids):
+        text, loss = None, None
+        try:
+            got = describe(sample_id)
+        except Exception as e:  # noqa: BLE001 - the user's function: said, never a traceback
+            failed.append(f"{sample_id} ({type(e).__name__}: {e})")
+            got = None
+        if isinstance(got, Mapping):
+            text, loss = got.get("text"), got.get("loss")
+        elif got is not None:
+            text = got
+        samples.append(
             {
-                "doc": j,
-                "source": ds.sample_sources(np.array([begin]), 1)[0],
-                "offset": max(start, begin) - begin,  # tokens into the document
-                "tokens": min(stop, end) - max(start, begin),
-                "doc_tokens": end - begin,
+                "index": i,
+                "sample_id": sample_id,
+                "documents": [],
+                "text": None if text is None else str(text),
+                "flags": [],
+                "loss": float(loss) if isinstance(loss, int | float) else None,
             }
         )
-    return docs
+    if failed:
+        not_shown.append(f"text of {len(failed)} sample(s): {name} raised for {failed[0]}")
+    if not any(s["loss"] is not None for s in samples):
+        not_shown.append(
+            f"per-sample loss: {name} returns no loss (return {{'text': ..., 'loss': ...}} to "
+            "show one)"
+        )
+    return samples
 
 
-def decode_batch(run_dir: str | Path, step: int, skipped: list[str] | None = None) -> BatchView:
-    """The decoded global batch of step `step`; BadInputError (exit 2) for what cannot be.
-    `skipped`, when given, receives the metrics.jsonl lines left out ("path:line: why")."""
+def _ids_only(ids: list[int]) -> list[dict[str, Any]]:
+    return [
+        {"index": i, "sample_id": s, "documents": [], "text": None, "flags": [], "loss": None}
+        for i, s in enumerate(ids)
+    ]
+
+
+def decode_batch(
+    run_dir: str | Path,
+    step: int,
+    skipped: list[str] | None = None,
+    describe: Describe | None = None,
+    describe_name: str = "the describe function",
+    with_losses: bool = True,
+) -> BatchView:
+    """The decoded global batch of step `step` (0-based); BadInputError (exit 2) for what
+    cannot be. `skipped`, when given, receives the metrics.jsonl lines left out ("path:line:
+    why"). `describe`: the user's sample id -> text (or {"text", "loss"}) function.
+    `with_losses=False`: no checkpoint is loaded for per-sample losses (the report's pages)."""
     run_dir = Path(run_dir)
-    rows, recipe = _open_run(run_dir, skipped)
-    logged = sorted({s for r in rows if r.get("kind") == "step" and (s := _int(r.get("step")))})
-    attempts = find_attempts(rows, step)
+    record = read_record(run_dir, skipped)
+    recipe = _recipe(run_dir)
+    logged = sorted({s for r in record.steps() if (s := _int(r.get("step"))) is not None})
+    attempts = find_attempts(record.rows, step)
     if not attempts:
         have = f"steps {logged[0]}..{logged[-1]}" if logged else "no steps"
         raise BadInputError(
             f"step {step} is out of range: {run_dir} logged {have}",
-            f"pass --step between {logged[0]} and {logged[-1]}"
+            f"pass --step between {logged[0]} and {logged[-1]} (steps count from 0)"
             if logged
-            else "train the run first (trainguard run RECIPE --run-dir RUN_DIR)",
+            else "train the run first: a run record has one step row per step",
         )
-    data = _prepared(run_dir, recipe)
-    seq_len, n = recipe.data.seq_len, data.train.num_samples(recipe.data.seq_len)
     # The batch the guard objected to, if any (what a finding at this step is about); else the
     # batch the step finally trained on.
     chosen = next((a for a in attempts if a["outcome"] != "apply"), attempts[-1])
-    findings: list[Finding] = []
+    not_shown: list[str] = []
+    data = None
+    if record.sampler is not None:
+        sampler = _sampler_of(record.sampler, _skips(record))
+    elif recipe is not None:  # a `trainguard run` without run.json: the recipe's order
+        from trainguard.report.batch_prepared import prepared
+
+        data = prepared(run_dir, recipe)
+        t = recipe.train
+        sampler = ElasticSampler(
+            data.train.num_samples(recipe.data.seq_len),
+            global_batch_size=t.batch_ramp or t.batch_size * t.grad_accum,
+            seed=t.seed,
+            rank=0,
+            world_size=1,
+        )
+        sampler.load_state_dict(sampler.state_dict() | {"skipped_positions": _skips(record)})
+    else:
+        not_shown.append(
+            "sample ids: the record names no ElasticSampler (run.json has no sampler); pass "
+            "it to the guard: guard.record.attach(sampler=sampler)"
+        )
+        return BatchView(step, chosen["position"], attempts, None, [], [], not_shown, record.loop)
     position = chosen["position"]
     if position is None:
-        position = _inferred_position(rows, recipe, n, step)
-        chosen["position"] = position
-    t = recipe.train
-    sampler = ElasticSampler(
-        n,
-        global_batch_size=t.batch_ramp or t.batch_size * t.grad_accum,
-        seed=t.seed,
-        rank=0,
-        world_size=1,
-    )
-    # The step's size: a ramp (train.batch_ramp) reads fewer sequences in its early steps.
-    ids = sampler.order.sample_ids(position, sampler.global_batch_size_at(step - 1))
+        position = chosen["position"] = sampler.position(step)
+    # The step's size: a ramp reads fewer sequences in its early steps.
+    ids = sampler.order.sample_ids(position, sampler.global_batch_size_at(step))
+    findings: list[Finding] = []
     if chosen.get("batch_hash") and chosen["batch_hash"] != batch_hash(ids):
         findings.append(
             Finding.of(
@@ -244,43 +238,29 @@ def decode_batch(run_dir: str | Path, step: int, skipped: list[str] | None = Non
                 step=step,
             )
         )
-    tokens = data.train.samples(ids, seq_len)
-    model, loss_step = _sample_loss_model(run_dir, step - 1)
-    losses = _losses(model, tokens, recipe.train.batch_size) if model is not None else None
-    doc_flags: dict[int, list[dict[str, str]]] = {}
-    samples = []
-    for i, sample_id in enumerate(ids.tolist()):
-        docs = _documents(data, sample_id * seq_len, sample_id * seq_len + seq_len + 1)
-        for d in docs:
-            j = d["doc"]
-            if j not in doc_flags:
-                begin = int(data.train.doc_offsets[j])
-                text = data.tokenizer.decode(
-                    data.train.tokens(begin, begin + d["doc_tokens"]).tolist(),
-                    skip_special_tokens=True,
-                )
-                doc_flags[j] = reasons(apply_rules(text))
-            d["flags"] = doc_flags[j]
-        flagged = [f"doc {d['doc']}: {f['code']}" for d in docs for f in d["flags"]]
-        text = data.tokenizer.decode(tokens[i].tolist(), skip_special_tokens=False)
-        samples.append(
-            {
-                "index": i,
-                "sample_id": sample_id,
-                "documents": docs,
-                "text": text,
-                "flags": [f | {"doc": d["doc"]} for d in docs for f in d["flags"]],
-                "loss": losses[i] if losses is not None else None,
-            }
-        )
-        if flagged:
-            findings.append(
-                Finding.of(
-                    "D140",
-                    f"sample {i} (id {sample_id}) of step {step} comes from documents the "
-                    f"data filters reject ({', '.join(flagged)})",
-                    step=step,
-                    data={"sample": i, "sample_id": sample_id},
-                )
+    loss_step = None
+    if describe is not None:
+        samples = _describe_samples(ids.tolist(), describe, describe_name, not_shown)
+    elif recipe is not None:
+        from trainguard.report.batch_prepared import prepared, prepared_samples
+
+        data = data or prepared(run_dir, recipe)
+        samples, loss_step, found = prepared_samples(run_dir, recipe, data, ids, step, with_losses)
+        findings += found
+        if not with_losses:
+            not_shown.append(
+                f"per-sample loss: not computed for the report; `{batch_command(run_dir, step)}` "
+                "computes it from the newest checkpoint before the step"
             )
-    return BatchView(step, position, attempts, loss_step, samples, findings)
+        elif loss_step is None:
+            not_shown.append(
+                f"per-sample loss: no checkpoint of at most {step} completed steps verifies"
+            )
+    else:
+        samples = _ids_only(ids.tolist())
+        not_shown.append(
+            f"text and per-sample loss: the record ({record.loop}) holds sample ids only; pass "
+            "--describe module:function (a function of a sample id returning its text, or "
+            '{"text": ..., "loss": ...})'
+        )
+    return BatchView(step, position, attempts, loss_step, samples, findings, not_shown, record.loop)

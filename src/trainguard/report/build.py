@@ -1,7 +1,8 @@
 """`RUN_DIR/report.html` (self-contained, plots embedded) and `RUN_DIR/report.md`.
 
-Everything comes from files in the run dir (metrics.jsonl, recipe.yaml, checkpoints), so
-`trainguard report RUN_DIR` regenerates the same report at any time.
+Everything comes from the run record in the run dir (run.json, metrics.jsonl, recipe.yaml for
+`trainguard run`, the checkpoints it points at), so `trainguard report RUN_DIR` regenerates the
+same report at any time, for any loop that wrote a record.
 """
 
 from __future__ import annotations
@@ -17,84 +18,42 @@ from typing import Any
 import jinja2
 import yaml
 
-from trainguard.checkpoint.folder import inspect_local_folder
-from trainguard.checkpoint.local import scan_root
-from trainguard.checkpoint.manifest import step_dirname
-from trainguard.checkpoint.target import run_checkpoint_root
 from trainguard.config.load import read_run_recipe
-from trainguard.errors import BadInputError
 from trainguard.goodput.accounting import account
-from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
+from trainguard.metrics.record_read import read_record
 from trainguard.report import plots
+from trainguard.report.checkpoints import list_checkpoints
+from trainguard.report.decisions import batch_pages, decisions, page_href, page_name
 from trainguard.report.episodes import finding_rows, skips_summary
 from trainguard.util.atomic import atomic_paths
-from trainguard.util.paths import is_remote, local_path
 
 # Columns of "evals" rows that are bookkeeping, not metrics to plot.
 _EVALS_BOOKKEEPING = {"kind", "step", "eval_seconds"}
 
 
-def _checkpoints(run_dir: Path) -> list[dict[str, Any]]:
-    """Every entry of a local checkpoint root: step folders verified in full (checksums
-    included), anything else listed as ignored (C110). Never raises on what is in there."""
-    root = run_checkpoint_root(run_dir)
-    if is_remote(root):
-        return []  # an object store: listing it is `trainguard eval`'s job, not the report's
-    root_path = local_path(root)
-    steps, ignored = scan_root(root_path)
-    rows = []
-    for step in sorted(steps):
-        folder = root_path / step_dirname(step)
-        manifest, findings = inspect_local_folder(folder, step)
-        errors = [f for f in findings if f.severity == "error"]
-        size = sum(e["size"] for e in manifest["files"].values()) if manifest else 0
-        rows.append(
-            {
-                "step": step,
-                "path": str(folder),
-                "bytes": size,
-                "valid": not errors,
-                "problem": "; ".join(f"{f.code} {f.message}" for f in errors),
-            }
-        )
-    for name, why in ignored:
-        rows.append(
-            {
-                "step": name,
-                "path": str(root_path / name),
-                "bytes": 0,
-                "valid": False,
-                "problem": f"C110 ignored, not a checkpoint: {why}",
-            }
-        )
-    return rows
-
-
 def collect(run_dir: Path) -> dict[str, Any]:
-    if not (run_dir / METRICS_FILE).exists():
-        raise BadInputError(
-            f"{run_dir} has no {METRICS_FILE}: it is not a trainguard run dir",
-            "pass the folder that `trainguard run` wrote (default runs/<recipe name>)",
-        )
-    skipped: list[str] = []
-    rows = read_metrics(run_dir, skipped)
+    """What the report shows, from any run record (`metrics.record_read.read_record`): a
+    `trainguard run`, your own loop's `Guard(run_dir=...)`, a GuardedTrainer, Lightning."""
+    record = read_record(run_dir)
+    rows = record.rows
     recipe = read_run_recipe(run_dir)
-    events = [r for r in rows if r.get("kind") == "event"]
-    env = next((e.get("env") for e in events if e.get("event") == "start"), {}) or {}
     # Plotted rows need a numeric step; a row without one is not trainguard's and is skipped.
     timed = [r for r in rows if isinstance(r.get("step"), int | float)]
     return {
         "run_dir": run_dir,
+        "loop": record.loop,
         "recipe": recipe,
+        "config": recipe or record.config,
         "steps": [r for r in timed if r.get("kind") == "step"],
         "evals": [r for r in timed if r.get("kind") == "eval"],
         "use_case": [r for r in timed if r.get("kind") == "evals"],
         "band": _band(recipe),
         "findings": [r for r in rows if r.get("kind") == "finding"],
-        "events": events,
-        "env": env,
-        "checkpoints": _checkpoints(run_dir),
-        "skipped": skipped,  # metrics.jsonl lines no reader can use, "path:line: why"
+        "events": record.events(),
+        "env": record.environment,
+        "checkpoints": list_checkpoints(record),
+        "decisions": decisions([r for r in timed if r.get("kind") == "step"], run_dir),
+        "skipped": record.skipped,  # metrics.jsonl lines no reader can use, "path:line: why"
         "goodput": account(rows).to_dict(),
     }
 
@@ -118,15 +77,15 @@ def _summary(info: dict[str, Any]) -> dict[str, Any]:
     last = steps[-1] if steps else {}
     tps = sorted(r["tokens_per_s"] for r in steps if isinstance(r.get("tokens_per_s"), float))
     return {
-        "recipe": info["recipe"].get("name", "?"),
-        "steps": last.get("step", 0),
+        "recipe": info["recipe"].get("name", "?") if info["recipe"] else info["loop"],
+        "steps": last.get("step", -1) + 1,  # steps count from 0: the last one's index + 1
         "final train loss": last.get("loss"),
         "final val loss": evals[-1].get("val_loss") if evals else None,
         "final val bits/byte": evals[-1].get("val_bpb") if evals else None,
         "median tokens/s": tps[len(tps) // 2] if tps else None,
         "findings": len(info["findings"]),
         "checkpoints": len(info["checkpoints"]),
-        **skips_summary(steps),
+        **skips_summary(steps, info["loop"]),
     }
 
 
@@ -196,6 +155,7 @@ def render_html(info: dict[str, Any]) -> str:
         .get_template("report.html.j2")
         .render(
             run_dir=str(info["run_dir"]),
+            loop=info["loop"],
             summary=list(_summary(info).items()),
             training_plots=training_plots,
             use_case=_use_case(info),
@@ -204,10 +164,11 @@ def render_html(info: dict[str, Any]) -> str:
             if info["band"]
             else None,
             findings=findings,
+            decisions=[d | {"href": page_href(info, d["step"])} for d in info["decisions"]],
             skipped=info["skipped"],
             checkpoints=checkpoints,
             env=list(info["env"].items()) if isinstance(info["env"], dict) else [],
-            recipe_yaml=yaml.safe_dump(info["recipe"], sort_keys=False),
+            recipe_yaml=yaml.safe_dump(info["config"], sort_keys=False),
         )
     )
 
@@ -248,6 +209,12 @@ def render_markdown(info: dict[str, Any]) -> str:
             at = f" (steps {_md(f['step'])}, {f['count']} findings)"
         batch = f" (batch: {_md_code(f['batch'])})" if f["batch"] else ""
         lines.append(f"- **{_md(f['code'])}** {_md(f['severity'])}{at}: {_md(f['message'])}{batch}")
+    if info["decisions"]:
+        lines += ["", "## Decisions", ""]
+        lines += [
+            f"- step {_md(d['step'])}: {_md(d['action'])} (batch: {_md_code(d['batch'])})"
+            for d in info["decisions"]
+        ]
     if info["skipped"]:
         lines += ["", "## Log lines skipped", ""]
         lines += [f"- {_md(line)}" for line in info["skipped"]]
@@ -258,7 +225,7 @@ def render_markdown(info: dict[str, Any]) -> str:
     lines += ["", "## Checkpoints", ""]
     lines += [
         f"- {'step ' if isinstance(c['step'], int) else ''}{_md(c['step'])}: "
-        + ("valid" if c["valid"] else f"INVALID ({_md(c['problem'])})")
+        + ("verified" if c["valid"] else f"{_md(c['status'])} ({_md(c['problem'])})")
         for c in info["checkpoints"]
     ]
     lines += ["", "Plots and the environment are in report.html.", ""]
@@ -273,10 +240,17 @@ def write_report(run_dir: str | Path, skipped: list[str] | None = None) -> tuple
     if skipped is not None:
         skipped.extend(info["skipped"])
     html_path, md_path = run_dir / "report.html", run_dir / "report.md"
+    pages = batch_pages(info, render_batch_html)  # each decision's batch view, linked
+    info["batch_pages"] = set(pages)
     html, markdown = render_html(info), render_markdown(info)
-    with atomic_paths(html_path, md_path) as (html_tmp, md_tmp):
+    page_paths = [run_dir / page_name(step) for step in pages]
+    if pages:
+        (run_dir / page_name(0)).parent.mkdir(exist_ok=True)
+    with atomic_paths(html_path, md_path, *page_paths) as (html_tmp, md_tmp, *page_tmps):
         html_tmp.write_text(html, encoding="utf-8")
         md_tmp.write_text(markdown, encoding="utf-8")
+        for tmp, text in zip(page_tmps, pages.values(), strict=True):
+            tmp.write_text(text, encoding="utf-8")
     return html_path, md_path
 
 

@@ -9,14 +9,16 @@ from typing import Any
 
 from trainguard.codes import SEVERITIES
 from trainguard.findings import Episode, EpisodeGrouper, Finding, step_interval
-from trainguard.report.batch import BATCH_CODES, batch_command
-from trainguard.report.skips import RUN_AVERAGE, skipped_updates
+from trainguard.report.batch import LINKED_CODES, batch_command
+from trainguard.report.decisions import page_href
+from trainguard.report.skips import average_of, skipped_updates
 
 
 def _batch_link(run_dir: Path, finding: dict[str, Any]) -> str:
-    """The command that shows the batch behind a guard finding (R101-R103, R206); else ""."""
+    """The command that shows the batch behind a guard finding, a skip or a rollback; else
+    "". Steps count from 0 in every run record (`metrics.record_read`)."""
     step = finding.get("step")
-    if finding.get("code") in BATCH_CODES and isinstance(step, int) and step >= 1:
+    if finding.get("code") in LINKED_CODES and isinstance(step, int) and step >= 0:
         return batch_command(run_dir, step)
     return ""
 
@@ -47,6 +49,7 @@ def finding_rows(info: dict[str, Any]) -> list[dict[str, Any]]:
             "message": row.get("message"),
             "fix": row.get("fix") or "",
             "batch": _batch_link(info["run_dir"], row),
+            "href": page_href(info, row.get("step")),
         }
         if episode is not None:
             worst = ""
@@ -64,10 +67,12 @@ def finding_rows(info: dict[str, Any]) -> list[dict[str, Any]]:
     return shown
 
 
-def skips_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """How many updates the guard skipped (step rows with `action: skip`), and what the run's
+def skips_summary(steps: list[dict[str, Any]], loop: str = "trainguard run") -> dict[str, Any]:
+    """How many updates the guard skipped (step rows with `action: skip`), and what the loop's
     own training-loss average makes of them (report/skips.py)."""
-    skipped = skipped_updates([r["step"] for r in steps if r.get("action") == "skip"], RUN_AVERAGE)
+    skipped = skipped_updates(
+        sorted({r["step"] for r in steps if r.get("action") == "skip"}), average_of(loop)
+    )
     shown = ", ".join(map(str, skipped["steps"][:20])) + ("..." if skipped["count"] > 20 else "")
     return {
         "skipped updates": f"{skipped['count']} (steps {shown})" if skipped["count"] else 0,

@@ -27,3 +27,17 @@ def skipped_updates(steps: list[int], average: str) -> dict[str, Any]:
     """{"count", "steps", "train_loss_average"}: `average` says whether the loop's own average
     training loss includes the skipped steps (RUN_AVERAGE, HF_EXCLUDES)."""
     return {"count": len(steps), "steps": sorted(steps), "train_loss_average": average}
+
+
+OWN_AVERAGE = (
+    "yours: the guard averages no training loss; each step's loss is in metrics.jsonl as "
+    "measured (a skipped step's too, with action skip); an average your loop or framework logs "
+    "includes the skipped steps unless it leaves them out itself"
+)
+
+
+def average_of(loop: str) -> str:
+    """What the training-loss average of the loop that wrote a run record makes of skips."""
+    if loop == "trainguard run":
+        return RUN_AVERAGE
+    return HF_EXCLUDES if loop == "hf trainer" else OWN_AVERAGE

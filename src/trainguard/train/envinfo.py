@@ -3,19 +3,12 @@ drift on resume, and against a reference, is visible (H101)."""
 
 from __future__ import annotations
 
-import os
-import platform
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-import trainguard
-from trainguard.doctor.environment import cpu_model, software_versions
 from trainguard.findings import Finding
+from trainguard.metrics.environment import device_name as device_name
+from trainguard.metrics.environment import environment_fingerprint as environment_fingerprint
+from trainguard.metrics.environment import git_revision as git_revision
 
 # Keys whose change between a checkpoint (or a reference) and this process is software drift
 # (H101). cuda, cudnn, nccl and driver are None on a CPU machine.
@@ -43,49 +36,6 @@ BITWISE_KEYS = (
     "torch_threads",
     "world_size",
 )
-
-
-def git_revision(start: Path | None = None) -> str | None:
-    """The project's git revision when the package runs from a checkout, else None."""
-    here = start or Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    rev = out.stdout.strip()
-    return rev if out.returncode == 0 and len(rev) == 40 else None
-
-
-def device_name() -> str:
-    if torch.cuda.is_available():
-        return f"cuda:{torch.cuda.get_device_name(0)}"
-    return f"cpu:{platform.processor() or platform.machine()}"
-
-
-def environment_fingerprint() -> dict[str, Any]:
-    """This process's software and its settings that change numbers. CUDA, cuDNN, NCCL and the
-    driver come from `doctor`'s `software_versions` (one reader for both)."""
-    versions = software_versions()
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "trainguard": trainguard.__version__,
-        "platform": platform.platform(),
-        "git_revision": git_revision(),
-        "device": device_name(),
-        **{k: versions[k] for k in ("cuda", "cudnn", "nccl", "driver")},
-        "cpu": cpu_model(),
-        "torch_threads": torch.get_num_threads(),
-        "world_size": int(os.environ.get("WORLD_SIZE", "1")),  # torchrun's; 1 alone
-        "executable": sys.executable,
-    }
 
 
 def environment_changes(

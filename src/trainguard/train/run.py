@@ -180,7 +180,10 @@ class Run:
             reference=self.reference,
             on_hang=self._hang_diagnosed,
             on_timeout=self._hang_reported,
-            extra=[RunFilesCallback(self.recipe_dict, data.tokenizer_path), *self.extra_callbacks],
+            extra=[
+                RunFilesCallback(self.recipe_dict, data.tokenizer_path, _samples(r, data)),
+                *self.extra_callbacks,
+            ],
         )
         loop, self.loop = parts.loop, parts.loop
         self.validation, self.watchdog = parts.validation, parts.watchdog
@@ -346,3 +349,8 @@ def _run_phases(run: Run, report: bool, fresh: bool) -> None:
         run.close(report, primary=e)
         raise
     run.close(report)
+
+
+def _samples(recipe: Any, data: Any) -> int:
+    """The train split's sample count: the data order's size, for run.json."""
+    return int(data.train.num_samples(recipe.data.seq_len))

@@ -5,9 +5,11 @@ RUN_DIR/
   recipe.yaml       the resolved recipe (train.max_steps updated on resume)
   tokenizer.json    the tokenizer the run trains with
   metrics.jsonl     step, eval, finding and event rows
+  run.json          the run record's header: environment, recipe, data order, checkpoints
+                    (metrics/record.py; docs/run-record.md)
   checkpoints/      step-<N>/ verified checkpoints (unless checkpoint.dir points elsewhere);
                     quarantine/ holds steps that failed verification (never deleted)
-  report.html, report.md
+  report.html, report.md, batches/step-<N>.html (the batch of each guard decision)
   attic/<time>/     a previous run, set aside by `trainguard run --fresh`
 """
 
@@ -104,6 +106,8 @@ RUN_FILES = (
     "preflight_cache.json",
     "report.html",
     "report.md",
+    "run.json",
+    "batches",
     "attic",
     "checkpoints/quarantine",
     "checkpoints/attic",
