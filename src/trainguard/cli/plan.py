@@ -125,49 +125,72 @@ def register(app: typer.Typer) -> None:
         ETTR) at N GPUs under a per-GPU failure rate: Young/Daly's interval, checked by the
         model's exact optimum and a simulation; the expected ETTR and what the rest of the
         wall time goes to (checkpoint stalls, work redone after failures, restarts)."""
-        from trainguard.goodput.measure import measure_run
-        from trainguard.goodput.plan import make_plan, out_paths, plan_findings, resolve_inputs
-
-        paths = out_paths(out) if out is not None else {}
-        if out is not None:
-            from trainguard.util.atomic import check_writable
-            from trainguard.util.paths import refuse_overwrite
-
-            refuse_overwrite({"--out": out}, {"--run": run_dir})
-            check_writable(out, folder=True)
-        measured = measure_run(run_dir) if run_dir is not None else None
-        flags = {
-            "step_time_s": step_time,
-            "checkpoint_stall_s": checkpoint_stall,
-            "checkpoint_write_s": checkpoint_write,
-            "restart_s": restart,
-            "gpus": gpus,
-            "gpu_mtbf_hours": gpu_mtbf_hours,
-        }
-        inputs = resolve_inputs(flags, measured.found() if measured else {}, run_dir is not None)
-        plan = make_plan(
-            inputs,
+        plan, inputs, result = plan_result(
+            run_dir=run_dir,
+            out=out,
+            flags={
+                "step_time_s": step_time,
+                "checkpoint_stall_s": checkpoint_stall,
+                "checkpoint_write_s": checkpoint_write,
+                "restart_s": restart,
+                "gpus": gpus,
+                "gpu_mtbf_hours": gpu_mtbf_hours,
+            },
             seed=seed,
             cycles=cycles,
-            current_steps=interval or (measured.interval_steps if measured else None),
+            interval=interval,
         )
-        result: dict[str, Any] = {
-            **plan.to_dict(),
-            "inputs": {k: v.to_dict() for k, v in inputs.items()},
-            "failure_model": {
-                "gpu_mtbf_hours": plan.gpu_mtbf_hours,
-                "source": inputs["gpu_mtbf_hours"].note or "--gpu-mtbf-hours",
-                "job_mtbf_hours": plan.mtbf_s / 3600.0,
-            },
-            "seed": seed,
-            "run": None if run_dir is None else str(run_dir),
-        }
-        if paths:
-            from trainguard.goodput.plot import plot_plan
+        from trainguard.goodput.plan import plan_findings  # with the plan's own imports
 
-            result["plots"] = [str(p) for p in plot_plan(plan, paths)]
         if not as_json:
             console.print(_table(plan, inputs, result))
             for p in result.get("plots", []):
                 console.print(f"wrote {p}")
         emit(plan_findings(plan), as_json, extra=result, title="Goodput plan")
+
+
+def plan_result(
+    *,
+    run_dir: Path | None,
+    out: Path | None,
+    flags: dict[str, Any],
+    seed: int,
+    cycles: int,
+    interval: int | None,
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """`trainguard plan`'s work: the measured costs of `run_dir` (if any) under the explicit
+    `flags`, the plan, its JSON fields and plots under `out`; (plan, inputs, result)."""
+    from trainguard.goodput.measure import measure_run
+    from trainguard.goodput.plan import make_plan, out_paths, resolve_inputs
+
+    paths = out_paths(out) if out is not None else {}
+    if out is not None:
+        from trainguard.util.atomic import check_writable
+        from trainguard.util.paths import refuse_overwrite
+
+        refuse_overwrite({"--out": out}, {"--run": run_dir})
+        check_writable(out, folder=True)
+    measured = measure_run(run_dir) if run_dir is not None else None
+    inputs = resolve_inputs(flags, measured.found() if measured else {}, run_dir is not None)
+    plan = make_plan(
+        inputs,
+        seed=seed,
+        cycles=cycles,
+        current_steps=interval or (measured.interval_steps if measured else None),
+    )
+    result: dict[str, Any] = {
+        **plan.to_dict(),
+        "inputs": {k: v.to_dict() for k, v in inputs.items()},
+        "failure_model": {
+            "gpu_mtbf_hours": plan.gpu_mtbf_hours,
+            "source": inputs["gpu_mtbf_hours"].note or "--gpu-mtbf-hours",
+            "job_mtbf_hours": plan.mtbf_s / 3600.0,
+        },
+        "seed": seed,
+        "run": None if run_dir is None else str(run_dir),
+    }
+    if paths:
+        from trainguard.goodput.plot import plot_plan
+
+        result["plots"] = [str(p) for p in plot_plan(plan, paths)]
+    return plan, inputs, result
