@@ -28,8 +28,6 @@ kernel holds it.
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,20 +37,12 @@ import torch
 
 from trainguard.codes import get_code
 from trainguard.config.distributed import DistributedConfig
-from trainguard.errors import ExitStatus
 from trainguard.findings import Finding
 from trainguard.guard.decision import Decision
 from trainguard.guard.detectors.straggler import PhaseTimer, StragglerMonitor, summary
+from trainguard.guard.distributed.diagnosis import diagnose
 from trainguard.guard.distributed.group import MonitorGroup
 from trainguard.guard.distributed.group_timeouts import GroupTimeouts
-from trainguard.guard.distributed.hang import (
-    dead_rank_finding,
-    hung_rank_finding,
-    lost_peer,
-    lost_peer_finding,
-    missing_ranks,
-)
-from trainguard.guard.distributed.peers import Death, dead_peers
 from trainguard.guard.distributed.replica import (
     compare_replicas,
     merge_sets,
@@ -60,11 +50,10 @@ from trainguard.guard.distributed.replica import (
     replica_digest,
     replica_sets,
 )
-from trainguard.guard.hang_report import SigtermStackDump, report_path, write_hang_report
+from trainguard.guard.hang_report import SigtermStackDump
 
 T = TypeVar("T")
 STATE_VERSION = 1
-DEAD_PEER_WAIT_S = 3.0  # a killed peer's sockets close before the kernel marks it exited
 
 
 class DistributedGuards:
@@ -339,78 +328,13 @@ class DistributedGuards:
         except RuntimeError as e:
             self.diagnose(step, e, barrier_error=e)
 
-    # -- the hung-rank diagnosis ---------------------------------------------------------------
+    # -- the hung-rank diagnosis (diagnosis.py) ------------------------------------------------
     def diagnose(
         self, step: int, cause: BaseException, barrier_error: BaseException | None = None
     ) -> NoReturn:
         """Name the dead ranks (R302) or the ranks that did not arrive (R301), dump this
-        process's stacks, exit for a restart.
-
-        A peer whose process ended is dead, not hung: that is checked first (gloo fails the
-        collective at once when a peer's connection closes). If every rank does reach the
-        diagnosis barrier, nobody hung: the failure was an ordinary error, raised as such."""
-        group = self.group
-        assert group is not None
-        phase = self.phase_name
-        self._report_dead(step, phase, self._dead_peers(str(cause)))
-        if barrier_error is None:
-            try:
-                group.barrier(self.hang_timeout_s(), wait_all_ranks=True)
-            except RuntimeError as e:
-                barrier_error = e
-            else:
-                raise cause
-        self._report_dead(step, phase, self._dead_peers(str(barrier_error)))
-        txt = report_path(self.run_dir, group.rank)
-        address = lost_peer(str(barrier_error))
-        if address is not None and not missing_ranks(str(barrier_error)):
-            # The barrier itself lost a peer: dead, on a host this process cannot look at.
-            finding = lost_peer_finding(step, phase, address, group, txt.name)
-        else:
-            finding = hung_rank_finding(
-                step, phase, cause, barrier_error, group, self.hang_timeout_s(), txt.name
-            )
-        self._report_and_exit(txt, finding)
-
-    def _dead_peers(self, error: str) -> dict[int, Death]:
-        """The peers on this host whose process ended. After a closed connection, the peer may
-        still be exiting: it is looked at again for up to `DEAD_PEER_WAIT_S`."""
-        assert self.group is not None
-        deadline = time.monotonic() + (DEAD_PEER_WAIT_S if lost_peer(error) is not None else 0.0)
-        while True:
-            dead = dead_peers(self.group.processes, self.group.rank)
-            if dead or time.monotonic() >= deadline:
-                return dead
-            time.sleep(0.05)
-
-    def _report_dead(self, step: int, phase: str, dead: dict[int, Death]) -> None:
-        if not dead:
-            return
-        assert self.group is not None
-        txt = report_path(self.run_dir, self.group.rank)
-        finding = dead_rank_finding(
-            dead,
-            self.group.hosts,
-            step=step,
-            phase=phase,
-            reporter=f"rank {self.group.rank}",
-            stack_file=txt.name,
-        )
-        self._report_and_exit(txt, finding)
-
-    def _report_and_exit(self, txt: Path, finding: Finding) -> NoReturn:
-        assert self.group is not None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        header = (
-            f"trainguard {finding.code} on rank {self.group.rank} (pid {os.getpid()}): "
-            f"{finding.message}"
-        )
-        write_hang_report(txt, header, finding)
-        if self.on_hang is not None:
-            self.on_hang(finding)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(ExitStatus.HANG)  # the launcher restarts the job; auto-resume takes it from there
+        process's stacks, exit for a restart (`diagnosis.diagnose`)."""
+        diagnose(self, step, cause, barrier_error)
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
