@@ -39,7 +39,7 @@ import trainguard.train.spine as spine
 from trainguard.checkpoint.checkpointer import Checkpointer
 from trainguard.config import load_recipe
 from trainguard.data.prepare import prepare_data
-from trainguard.train.run import run_recipe
+from trainguard.train.guarded_run import run_recipe
 
 MODES = {
     "queue1": ["checkpoint.async_save=true", "checkpoint.queue=1"],  # the old behaviour

@@ -1,8 +1,8 @@
 """`trainguard batch RUN_DIR --step N`: the global batch behind a step (issue 14, item 5).
 
 One real tiny run on a corpus of clean prose with planted junk documents (repeated lines, an
-HTML payload): a NaN injected at step 6 is rolled back, so step 6 has two batches and every
-later step reads a batch other than the sampler's plain step N-1.
+HTML payload): a NaN injected at step 5 (steps count from 0) is rolled back, so step 5 has two
+batches and every later step reads a batch other than the sampler's plain step N.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def batch_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (base / "r.yaml").write_text(yaml.safe_dump(recipe))
     res = invoke_cli(
         "run", str(base / "r.yaml"), "--run-dir", str(base / "run"), "-q",
-        env={"TRAINGUARD_INJECT": "nan@6"},
+        env={"TRAINGUARD_INJECT": "nan@5"},  # steps count from 0
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     return base / "run"
@@ -80,10 +80,10 @@ def _step_rows(run: Path) -> list[dict]:
 def test_every_step_decodes_to_the_batch_it_logged(batch_run: Path) -> None:
     rows = _step_rows(batch_run)
     final = {r["step"]: r for r in rows}  # the last row of a step: what it trained on
-    assert sorted(final) == list(range(1, 13))
+    assert sorted(final) == list(range(12))
     for step, row in final.items():
         view = decode_batch(batch_run, step)
-        if step == 6:
+        if step == 5:
             continue  # the rolled-back batch: below
         assert view.position == row["position"]
         ids = np.array([s["sample_id"] for s in view.samples])
@@ -92,9 +92,9 @@ def test_every_step_decodes_to_the_batch_it_logged(batch_run: Path) -> None:
     # After the rollback every step reads one block further on than the plain sampler says.
     n = _num_samples(batch_run)
     sampler = ElasticSampler(n, global_batch_size=8, seed=0, rank=0, world_size=1)
-    assert final[7]["position"] != sampler.position(6)
-    sampler.skip([5])  # step 6's first batch (sampler step 5) was marked bad
-    assert final[7]["position"] == sampler.position(6)
+    assert final[6]["position"] != sampler.position(6)
+    sampler.skip([5])  # step 5's first batch was marked bad
+    assert final[6]["position"] == sampler.position(6)
 
 
 def _num_samples(run: Path) -> int:
@@ -106,10 +106,10 @@ def _num_samples(run: Path) -> int:
 
 
 def test_a_rolled_back_step_shows_the_batch_the_guard_refused(batch_run: Path) -> None:
-    view = decode_batch(batch_run, 6)
+    view = decode_batch(batch_run, 5)
     assert [a["outcome"] for a in view.attempts] == ["rollback", "apply"]
     refused, retrained = (a["position"] for a in view.attempts)
-    assert view.position == refused == 5 * 8  # the NaN came from block 5: the sampler's step 5
+    assert view.position == refused == 5 * 8  # the NaN came from block 5: step 5's
     assert retrained == 6 * 8  # the step was recomputed on the next block
 
 
@@ -130,20 +130,20 @@ def test_positions_missing_from_an_old_log_come_from_the_sampler(
 
 def test_per_sample_loss_from_the_checkpoint_the_step_started_from(batch_run: Path) -> None:
     rows = {r["step"]: r for r in _step_rows(batch_run)}
-    for step, ckpt in ((5, 4), (9, 8), (11, 8)):
+    for step, ckpt in ((4, 4), (8, 8), (10, 8)):  # checkpoint N: N steps done
         view = decode_batch(batch_run, step)
         assert view.loss_from_step == ckpt
         losses = [s["loss"] for s in view.samples]
         assert all(isinstance(x, float) for x in losses)
-        if ckpt == step - 1:  # exactly the state the step started from: the logged loss
+        if ckpt == step:  # exactly the state the step started from: the logged loss
             assert np.mean(losses) == pytest.approx(rows[step]["loss"], rel=1e-5)
-    early = decode_batch(batch_run, 3)  # no checkpoint at or before step 2
+    early = decode_batch(batch_run, 2)  # no checkpoint of 2 steps done or fewer
     assert early.loss_from_step is None and all(s["loss"] is None for s in early.samples)
 
 
 def test_filters_flag_exactly_the_samples_of_junk_documents(batch_run: Path) -> None:
     flagged = clean = 0
-    for step in range(1, 13):
+    for step in range(12):
         view = decode_batch(batch_run, step)
         d140 = {f.data["sample"] for f in view.findings if f.code == "D140"}
         for s in view.samples:
@@ -157,9 +157,7 @@ def test_filters_flag_exactly_the_samples_of_junk_documents(batch_run: Path) -> 
 
 def test_cli_json_and_escaped_html(batch_run: Path, tmp_path: Path) -> None:
     step = next(
-        s
-        for s in range(1, 13)
-        if any(MARKER in x["text"] for x in decode_batch(batch_run, s).samples)
+        s for s in range(12) if any(MARKER in x["text"] for x in decode_batch(batch_run, s).samples)
     )
     out = tmp_path / "batch.html"
     res = CliRunner().invoke(
@@ -184,8 +182,8 @@ def test_report_links_guard_findings_to_their_batch(batch_run: Path, tmp_path: P
     shutil.copytree(batch_run, run)
     html, md = write_report(run)
     page, markdown = html.read_text(), md.read_text()
-    assert f"trainguard batch {run} --step 6" in page  # the R101 of the injected NaN
-    assert f"trainguard batch {run} --step 6" in markdown
+    assert f"trainguard batch {run} --step 5" in page  # the R101 of the injected NaN
+    assert f"trainguard batch {run} --step 5" in markdown
     r101 = [line for line in page.splitlines() if "<td>R101</td>" in line]
-    assert r101 and all("--step 6" in line for line in r101)
+    assert r101 and all("--step 5" in line for line in r101)
     assert not any("--step" in line for line in page.splitlines() if "<td>C150</td>" in line)

@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     @app.command("batch")
     def batch(
         run_dir: Annotated[Path, typer.Argument(help="The run dir of a `trainguard run`.")],
-        step: Annotated[int, typer.Option("--step", help="The step (1-based, as logged).")],
+        step: Annotated[int, typer.Option("--step", help="The step (0-based, as logged).")],
         html: Annotated[
             Path | None, typer.Option("--html", help="Also write the batch as an HTML page.")
         ] = None,

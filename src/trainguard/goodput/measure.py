@@ -104,7 +104,7 @@ def measure_run(run_dir: Path) -> Measured:
     interval = out.interval_steps = _checkpoint_interval(run_dir)
     ordinary, saved = [], []
     for k, gap in _gaps(rows):
-        (saved if k % interval == 0 else ordinary).append(gap)
+        (saved if (k + 1) % interval == 0 else ordinary).append(gap)  # k counts from 0
     if ordinary and saved:
         stall = statistics.median(saved) - statistics.median(ordinary)
         out.stall_s = max(stall, MIN_STALL_S)

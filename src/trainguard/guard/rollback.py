@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from trainguard.errors import RunHalted
+from trainguard.errors import NoUsableCheckpoint, RunHalted
 from trainguard.findings import Finding
 
 
@@ -50,11 +50,15 @@ def restore(
     from and the event to log (`from_step`, `to_step`, the skipped steps and positions)."""
     counters = guard.state_dict()
     skips = sampler.state_dict()
-    step = checkpointer.load_latest(state)
-    if step is None:
+    why = ""
+    try:
+        step = checkpointer.load_latest(state)
+    except NoUsableCheckpoint as e:  # checkpoints, none of them valid (C107)
+        step, why = None, f" ({e.message})"
+    if step is None:  # the one wording of this halt, for every loop
         raise RunHalted(
             f"the guard asked for a rollback at step {at_step} but there is no valid "
-            "checkpoint to return to",
+            f"checkpoint to return to{why}",
             "save checkpoints more often so a good state is on disk, or lower the learning rate",
         )
     restored = guard.state_dict()  # the checkpoint's, if the guard is in `state`

@@ -75,21 +75,21 @@ def record_reference(
     rows = read_metrics(run_dir, skipped)
     steps = _last_by_step(rows, "step")
     ended = any(r.get("kind") == "event" and r.get("event") == "end" for r in rows)
-    last = max(steps, default=0)
-    if last < max_steps or not ended:
-        why = f"step {last} of {max_steps}" if last < max_steps else "no end event"
+    done = max(steps, default=-1) + 1  # step rows count from 0
+    if done < max_steps or not ended:
+        why = f"{done} of {max_steps} steps" if done < max_steps else "no end event"
         raise BadInputError(
             f"run {run_dir} is unfinished ({why}): a reference is a finished run",
             _FINISH.format(run_dir=run_dir),
         )
-    missing = [s for s in range(1, max_steps + 1) if s not in steps]
+    missing = [s for s in range(max_steps) if s not in steps]
     if missing:
         raise BadInputError(
             f"{run_dir / METRICS_FILE} lacks the rows of {len(missing)} step(s) (first: "
             f"{missing[0]}): the curve is incomplete",
             "record from a run whose metrics.jsonl is intact",
         )
-    order = list(range(1, max_steps + 1))
+    order = list(range(max_steps))
     bad = [s for s in order if not _finite(steps[s].get("loss"))]
     if bad:
         raise BadInputError(

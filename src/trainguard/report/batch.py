@@ -1,12 +1,13 @@
 """`trainguard batch RUN_DIR --step N`: the global batch behind a step, decoded.
 
-The batch of step N (1-based, as logged) is found by the global position its metrics row logs
+The batch of step N (0-based, as logged) is found by the global position its metrics row logs
 (`position`), or, for a step the guard rolled back, by the position the rollback event lists
 for it (`bad_positions`), so it is found after rollbacks too. A run logged before positions
-were logged falls back to `ElasticSampler` (its step N-1) with the skips the rollback events
+were logged falls back to `ElasticSampler` (its step N) with the skips the rollback events
 recorded. Each sample is shown with the documents and token offsets it comes from, its decoded
 text, the flags the data filters raise on those documents (D140), and its loss recomputed from
-the newest checkpoint at or before step N-1 when one exists. Nothing is written to the run dir.
+the newest checkpoint of at most N completed steps (the weights step N saw) when one exists.
+Nothing is written to the run dir.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def find_attempts(rows: list[dict[str, Any]], step: int) -> list[dict[str, Any]]
 
 
 def _inferred_position(rows: list[dict[str, Any]], recipe: Recipe, n: int, step: int) -> int:
-    """A log without positions: the sampler's step N-1 with the skips the rollbacks logged."""
+    """A log without positions: the sampler's step N with the skips the rollbacks logged."""
     t = recipe.train
     sampler = ElasticSampler(
         n,
@@ -126,7 +127,7 @@ def _inferred_position(rows: list[dict[str, Any]], recipe: Recipe, n: int, step:
         for rng in r.get("skipped_positions") or []
     ]
     sampler.load_state_dict(sampler.state_dict() | {"skipped_positions": skips})
-    return sampler.position(step - 1)
+    return sampler.position(step)
 
 
 def _prepared(run_dir: Path, recipe: Recipe) -> PreparedData:
@@ -205,7 +206,9 @@ def decode_batch(run_dir: str | Path, step: int, skipped: list[str] | None = Non
     `skipped`, when given, receives the metrics.jsonl lines left out ("path:line: why")."""
     run_dir = Path(run_dir)
     rows, recipe = _open_run(run_dir, skipped)
-    logged = sorted({s for r in rows if r.get("kind") == "step" and (s := _int(r.get("step")))})
+    logged = sorted(
+        {s for r in rows if r.get("kind") == "step" and (s := _int(r.get("step"))) is not None}
+    )
     attempts = find_attempts(rows, step)
     if not attempts:
         have = f"steps {logged[0]}..{logged[-1]}" if logged else "no steps"
@@ -234,7 +237,7 @@ def decode_batch(run_dir: str | Path, step: int, skipped: list[str] | None = Non
         world_size=1,
     )
     # The step's size: a ramp (train.batch_ramp) reads fewer sequences in its early steps.
-    ids = sampler.order.sample_ids(position, sampler.global_batch_size_at(step - 1))
+    ids = sampler.order.sample_ids(position, sampler.global_batch_size_at(step))
     if chosen.get("batch_hash") and chosen["batch_hash"] != batch_hash(ids):
         findings.append(
             Finding.of(
@@ -245,7 +248,7 @@ def decode_batch(run_dir: str | Path, step: int, skipped: list[str] | None = Non
             )
         )
     tokens = data.train.samples(ids, seq_len)
-    model, loss_step = _sample_loss_model(run_dir, step - 1)
+    model, loss_step = _sample_loss_model(run_dir, step)  # the weights step `step` saw
     losses = _losses(model, tokens, recipe.train.batch_size) if model is not None else None
     doc_flags: dict[int, list[dict[str, str]]] = {}
     samples = []

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainguard.errors import NoUsableCheckpoint, RunHalted
+from trainguard.errors import RunHalted
 from trainguard.guard.decision import Decision
-from trainguard.guard.rollback import restore
 from trainguard.train.compute import StepResult
 from trainguard.train.saving import finish_checkpoint
 
@@ -22,46 +21,37 @@ def rerun(loop: Loop, decision: Decision, first: StepResult, position: int) -> N
     The update stays unapplied either way: a corrupt first result is not to be trusted, and a
     reproducible bad one is exactly what the guard refused."""
     with loop.guard.phase("data", decision.step):
-        second = loop.trainer.forward_backward(decision.step, position)
+        second = loop.math.forward_backward(decision.step, position)
     verdict = loop.guard.classify_rerun(
         (first.loss, first.grad_norm), (second.loss, second.grad_norm), step=decision.step
     )
     decision.findings.append(verdict)
-    loop.trainer.discard_update()
+    loop.math.discard_update()
 
 
 def roll_back(loop: Loop, decision: Decision) -> None:
-    """Return to the newest verified checkpoint (`guard.rollback.restore`, as `Guard.rollback`
-    does) and never read the bad steps' batches again. The guard's counters, the sampler's
-    earlier skips and the callbacks' state outlive the restore (a rollback rewinds the model,
-    not the run's history)."""
-    ctx = loop.ctx
+    """Return to the newest verified checkpoint through `Guard.rollback` (the guard acts on
+    the decision it made: `decision` is its `pending_rollback`) and never read the bad steps'
+    batches again. The guard's counters, the sampler's earlier skips and the callbacks' state
+    outlive the restore (a rollback rewinds the model, not the run's history)."""
+    ctx, sampler = loop.ctx, loop.sampler
     finish_checkpoint(loop)  # the newest checkpoint may still be on its way to disk
     kept = loop.callbacks.state_dict()
-    bad = [s - 1 for s in decision.bad_steps]  # the sampler counts steps from 0
     # The batch each bad step read, by step (`trainguard batch --step N` finds it here); the
     # restore keeps the sampler's skips, so these are the positions as read.
-    read_at = {s: loop.sampler.position(s - 1) for s in decision.bad_steps}
-    try:
-        to_step, event = restore(
-            loop.guard, loop.checkpointer, loop.state, loop.sampler, bad, decision.step
-        )
-    except (NoUsableCheckpoint, RunHalted) as e:
-        why = f" ({e.message})" if isinstance(e, NoUsableCheckpoint) else ""
-        raise RunHalted(
-            f"the guard asked for a rollback at step {decision.step} but there is no valid "
-            f"checkpoint to return to{why}",
-            "lower checkpoint.interval so a good state is on disk, or lower train.lr",
-        ) from None
+    read_at = {s: sampler.position(s) for s in decision.bad_steps}
+    before = {tuple(r) for r in sampler.skipped_positions}
+    loop.guard.pending_rollback = decision  # the same one, unless the device path read it back
+    to_step = loop.guard.rollback(loop.checkpointer, loop.state, sampler)  # RunHalted: none
     loop.callbacks.load_state_dict(kept)
     ctx.record(loop.checkpointer.last_findings)
-    skipped = event["skipped_positions"]
+    skipped = [r for r in sampler.skipped_positions if tuple(r) not in before]
     ctx.log_event(
         "rollback",
         from_step=decision.step,
         to_step=to_step,
         skipped_positions=skipped,
-        bad_positions={str(s): pos for s, pos in read_at.items() if s > to_step},
+        bad_positions={str(s): pos for s, pos in read_at.items() if s >= to_step},
     )
     ctx.display.message(
         f"rollback: step {decision.step} -> checkpoint {to_step}, "

@@ -61,10 +61,10 @@ class DeviceSteps:
         return pending
 
     def _router_reader(self, out: StepResult) -> Callable[[], dict[str, dict]] | None:
-        counts, trainer = out.router_counts, self.loop.trainer
+        counts, math = out.router_counts, self.loop.math
         if counts is None:
             return None
-        return lambda: trainer.router_stats_from(counts.tolist())
+        return lambda: math.router_stats_from(counts.tolist())
 
     def hold(self, step: int, row: dict[str, Any]) -> None:
         """Step `step`'s row, handed to the callbacks when its decision is read back."""
@@ -94,9 +94,10 @@ class DeviceSteps:
         if row is not None:
             values = decision.values
             row |= {"loss": values.get("loss"), "grad_norm": values.get("grad_norm")}
-            row |= {"action": decision.action}
+            if "vetoed_by" not in row:  # a callback's veto stands whatever the guard said
+                row |= {"action": decision.action}
             row |= {k: values[k] for k in MOE_COLUMNS if k in values}
-            if decision.action != "apply":
+            if row["action"] != "apply":
                 row["lr"] = 0.0
             loop.callbacks.post_step(loop.ctx, decision.step, row)
         return True
@@ -105,9 +106,9 @@ class DeviceSteps:
         """Recompute the suspect step (its update was skipped on the device, so the weights are
         those it saw) and keep the gradients of the step computed since, untouched."""
         loop = self.loop
-        grads = [p.grad for p in loop.trainer.params]
+        grads = [p.grad for p in loop.math.params]
         values = decision.values
         first = StepResult(values.get("loss"), values.get("grad_norm"), "", np.empty(0))  # type: ignore[arg-type]
-        rerun(loop, decision, first, loop.sampler.position(decision.step - 1))
-        for p, g in zip(loop.trainer.params, grads, strict=True):
+        rerun(loop, decision, first, loop.sampler.position(decision.step))
+        for p, g in zip(loop.math.params, grads, strict=True):
             p.grad = g

@@ -3,9 +3,10 @@
 The loop is composed of the public parts (`ElasticSampler`, `Guard` with its distributed part,
 `Checkpointer`) and the arithmetic of `train/compute.py`; everything else is a callback
 (`train/callback.py`) told at fixed points. `train_step` is the whole story of a step: data,
-forward/backward, the guard's judgement before any weight changes, apply or discard, the
-replica check, the step row, the callbacks, the checkpoint. Steps are numbered from 1 as
-logged (the sampler counts from 0: logged step k reads the sampler's step k-1).
+forward/backward, the guard's judgement before any weight changes, the callbacks' veto, apply
+or discard, the replica check, the step row, the callbacks, the checkpoint. `step` is the
+0-based index of the step being computed everywhere (the sampler's, the guard's, the callbacks',
+the fault plan's, the row's); a checkpoint holds completed steps: after step s, `save(s + 1)`.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ def train(loop: Loop) -> None:
     ctx, callbacks = loop.ctx, loop.callbacks
     # The guard decides on the device (no host sync in a step) on CUDA, or when asked.
     on_device = DeviceSteps(loop) if loop.guard.on_device(ctx.device) else None
-    # A fire drill's kill waits for the background write first (deterministic drills).
-    loop.faults.settle_writes = lambda: loop.writing[-1][1].wait() if loop.writing else None
-    loop.faults.settle_copy = loop.checkpointer.wait_copied  # bitflip@N changes a weight
     try:
+        # The order the callbacks run in, for the log and the reader of the display.
+        ctx.log_event("callbacks", order=callbacks.order())
+        ctx.display.message("callbacks: " + " > ".join(callbacks.order()))
         callbacks.pre_train(ctx)
         while ctx.step < ctx.recipe.train.max_steps:
             train_step(loop, on_device)
@@ -44,14 +45,14 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
     """One optimizer step. A rollback ends it early: the next call continues from the restored
     step. A halt raises RunHalted. With `on_device` the guard judges on the device and this
     step's decision, findings and row come one step later (or at a flush)."""
-    ctx, guard, trainer = loop.ctx, loop.guard, loop.trainer
-    step = ctx.step + 1  # the step computed now, numbered as its log row will say
+    ctx, guard, math = loop.ctx, loop.guard, loop.math
+    step = ctx.step  # the 0-based index of the step computed now (= completed steps)
     t = ctx.recipe.train
-    saves = checkpoint_due(ctx.recipe, step)
+    saves = checkpoint_due(ctx.recipe, step + 1)  # a checkpoint of step + 1 completed steps
     loop.callbacks.pre_step(ctx, step)
 
     # -- data: where this step's global batch starts (bad batches of rollbacks skipped) -------
-    position = loop.sampler.position(step - 1)
+    position = loop.sampler.position(step)
     tokens = loop.step_tokens(step)
     t0 = time.perf_counter()
 
@@ -60,13 +61,15 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
     # the ranks that did not arrive are named, stacks dumped, exit 3 for a restart (R301).
     with guard.phase("data", step):
         # Host sync (host path only): the loss and grad norm. The device path reads nothing.
-        out = trainer.forward_backward(step, position, on_host=on_device is None)
+        out = math.forward_backward(step, position, on_host=on_device is None)
     compute_s = time.perf_counter() - t0  # forward/backward, the data phase included
     # The previous step's checkpoint copied the weights and the optimizer state beside this
     # forward/backward (`background_copy`): nothing below may change them before it is done.
     loop.checkpointer.wait_copied()
 
-    # -- the guard judges the update before any weight changes; apply or discard it -------------
+    # -- the guard judges the update before any weight changes; the callbacks may veto it; ------
+    # -- apply or discard it ---------------------------------------------------------------------
+    vetoed: str | None = None
     if on_device is None:
         tokens_per_s = tokens / compute_s
         decision = guard.step(
@@ -86,19 +89,26 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
             return
         decision.raise_if_halt()
         if decision.apply:
-            lr = trainer.apply_update(step)
+            vetoed = loop.callbacks.pre_optimizer_step(ctx, step, decision)
+        if decision.apply and vetoed is None:
+            lr = math.apply_update(step)
         else:
-            trainer.discard_update()
+            math.discard_update()
             lr = 0.0
-        action: str | None = decision.action
+        action: str | None = decision.action if vetoed is None else "veto"
     else:  # masked on the device; the previous step's decision is settled (read back) here
         tokens_per_s = on_device.tokens_per_s(tokens, t0)
         pending = on_device.judge(step, out, tokens_per_s)
         if pending is None:
             return  # the previous step rolled back
-        lr = trainer.apply_update(step, pending)
-        action = None  # known when read back
-    loop.faults.corrupt_replica(step, ctx.model)  # fire drills only: bitflip@N/rR
+        vetoed = loop.callbacks.pre_optimizer_step(ctx, step, None)
+        if vetoed is None:
+            lr = math.apply_update(step, pending)
+        else:  # the device's mask is moot: nothing is applied
+            math.discard_update()
+            lr = 0.0
+        action = None if vetoed is None else "veto"  # else known when read back
+    loop.callbacks.post_optimizer_step(ctx, step)
 
     # -- replicas and stragglers (several processes): H201 rolls back, H202 is reported -------
     # Host sync: every rank's parameter hash (every K steps, and before a checkpoint, so that
@@ -130,14 +140,15 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
         **(router_summary(out.router_stats) if out.router_stats else {}),
         "time": time.time(),
         "action": action,
+        **({"vetoed_by": vetoed} if vetoed is not None else {}),
     }
     if on_device is None:
         loop.callbacks.post_step(ctx, step, row)
     else:  # the row waits for its values; a checkpoint or a validation loss waits for it
         on_device.hold(step, row)
-        if (saves or step % t.eval_interval == 0) and not on_device.flush():
+        if (saves or (step + 1) % t.eval_interval == 0) and not on_device.flush():
             return  # this step rolled back
 
-    # -- checkpoint when due ---------------------------------------------------------------------
+    # -- checkpoint when due: step + 1 completed steps -------------------------------------------
     if saves:
         save_checkpoint(loop, step)

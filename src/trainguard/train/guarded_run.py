@@ -7,9 +7,10 @@ This module composes the run from its parts and is imported by nothing in `train
     ElasticSampler        the data order, skipped ranges after a rollback, batch hashes
     Checkpointer          verified checkpoints in the run's layout (train/layout.py)
     Guard                 the detectors and their actions, with its DistributedGuards part
-    Trainer               the arithmetic of a step and of an evaluation (train/compute.py)
+    StepMath              the arithmetic of a step and of an evaluation (train/compute.py)
     callbacks             pre-flight, the resume's record, step rows, the multi-process
-                          guards' wiring, the hang watchdog, validation loss, use-case evals
+                          guards' wiring, the hang watchdog, validation loss, use-case evals,
+                          the drills' faults, and the user's own (`run_recipe(callbacks=...)`)
 
 and `train/spine.py` runs them: `train_step` is one step, top to bottom.
 """
@@ -42,6 +43,7 @@ from trainguard.train.compose import compose
 from trainguard.train.distributed import Dist, init_distributed
 from trainguard.train.envinfo import environment_fingerprint
 from trainguard.train.layout import Progress, RunLayout
+from trainguard.train.loop import Loop
 from trainguard.train.optim import build_optimizer
 from trainguard.train.outcome import RunResult, close_run, hang_outcome
 from trainguard.train.progress import ProgressDisplay
@@ -55,7 +57,7 @@ from trainguard.train.resume import (
     schedule_to_resume,
     start_fresh,
 )
-from trainguard.train.spine import Loop, train
+from trainguard.train.spine import train
 
 __all__ = ["run_recipe"]
 
@@ -196,7 +198,7 @@ class Run:
         # C107 for a history without checkpoints; a symlink or file where the run will write.
         refusals.on_main(dist, lambda: refusals.refuse_to_start(r, self.run_dir, root, step))
         self._begin(doctor)  # nothing refused: the run dir is written from here on
-        loop.trainer.schedule = layout.schedule = schedule
+        loop.math.schedule = layout.schedule = schedule
         found = list(checkpointer.last_findings)  # damaged steps passed over, junk, C121
         if step is not None:
             self.resumed_from = step
@@ -218,7 +220,9 @@ class Run:
 
     # -- hangs: the process is about to exit 3 for a restart ------------------------------------
     def _checkpoint_written(self, step: int) -> None:
-        self.faults.at("checkpoint_write", step)  # fire drills: kill@N:checkpoint_write
+        """The checkpointer's writer thread writes checkpoint `step` (kill@N:checkpoint_write)."""
+        if self.loop is not None:
+            self.loop.callbacks.on_checkpoint_write(self.ctx, step)
 
     def _hang_reported(self, finding: Finding) -> None:
         """Hand `on_end` the outcome first (the watchdog's thread, or the diagnosis)."""
@@ -293,8 +297,12 @@ def run_recipe(
     fresh: bool = False,
     accept_data_change: bool = False,
     on_end: Callable[[RunResult], None] | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> RunResult:
     """The whole guarded run. Resumes automatically when the run dir has checkpoints.
+
+    `callbacks`: your own `trainguard.Callback`s, run beside the run's (in `priority` order;
+    the order is logged at the start), their `state_dict` kept in every checkpoint.
 
     `evals=False` trains without use-case evals on purpose (`trainguard run --no-evals`);
     `fresh=True` first moves the previous run aside (`start_fresh`) and starts at step 0.
@@ -319,6 +327,7 @@ def run_recipe(
                     evals=evals,
                     accept_data_change=accept_data_change,
                     on_end=on_end,
+                    callbacks=callbacks,
                 )
                 _run_phases(run, report, fresh)
         finally:
