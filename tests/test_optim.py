@@ -257,7 +257,7 @@ def test_muon_run_killed_and_resumed_is_bitwise_identical(
     clean, chained = tmp_path / "clean", tmp_path / "chained"
     assert invoke_cli("run", str(tiny_recipe), "--run-dir", str(clean), *muon).returncode == 0
     args = ["run", str(tiny_recipe), "--run-dir", str(chained), *muon]
-    res = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@6:optimizer"})
+    res = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@5:optimizer"})
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr
