@@ -189,8 +189,7 @@ def test_wandb_sink_offline(tmp_path: Path, monkeypatch) -> None:
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory, small_corpus: Path, cache_dir: Path) -> Path:
     """A tiny run with a NaN batch at step 4 (the fifth), logging to RUN/tb. (W&B goes through
-    the same
-    fan-out; its sink is tested on its own above, sparing the suite a wandb start-up.)"""
+    the same fan-out; its sink is tested on its own above, sparing the suite a wandb start-up.)"""
     base = tmp_path_factory.mktemp("faulty")
     recipe = tiny_recipe_dict(small_corpus, cache_dir)
     recipe["train"]["max_steps"] = 8  # checkpoints at 4 and 8, evaluations at 6 and 8
