@@ -83,6 +83,25 @@ def metric_arg(name: str, value: Any) -> Any:
     )
 
 
+def metric_float(name: str, x: Any) -> float | None:
+    """A step metric as a Python float (a tensor read with one deliberate host sync)."""
+    x = metric_arg(name, x)
+    if hasattr(x, "detach"):
+        return float(x.detach().float().cpu().item())
+    return x
+
+
+def device_of(*values: Any, model: Any = None) -> Any:
+    """Where a step's metrics live: the first tensor's device, else the model's, else "cpu"."""
+    for v in values:
+        if hasattr(v, "device"):
+            return v.device
+    if model is not None:
+        for p in model.parameters():
+            return p.device
+    return "cpu"
+
+
 def state_arg(state: Any) -> Mapping[str, Any]:
     """`Guard.load_state_dict(state)`: a mapping, as `Guard.state_dict()` returns."""
     if not isinstance(state, Mapping):

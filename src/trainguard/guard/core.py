@@ -1,85 +1,65 @@
-"""`Guard`: the in-run detectors and their actions in any PyTorch loop.
+"""`Guard`: the in-run detectors and their actions in any PyTorch loop, through one protocol.
 
-    guard = trainguard.Guard(run_dir="runs/x", distributed=True)   # under torchrun
-    step = checkpointer.load_latest(state) or 0
-    sampler.set_step(step); batches = iter(loader)
-    while step < max_steps:
-        loss = model(next(batches)); loss.backward()
-        decision = guard.step(step, loss=loss, model=model, optimizer=optimizer)
-        if decision.action == "rollback":   # restore, skip decision.bad_steps, new iterator
-            step = guard.rollback(checkpointer, state, sampler)
-            sampler.set_step(step); batches = iter(loader)
-            continue
-        decision.raise_if_halt()
-        if decision.apply:
-            optimizer.step()                # only after the guard saw this update
-        optimizer.zero_grad()
-        end = guard.end_step(step, model=model, optimizer=optimizer)  # replicas, stragglers
-        ...                                 # end.action "rollback" (H201): as above
-        step += 1
-        ...                                 # checkpointer.save(step, state) when due
+    j = guard.judge(step, loss=loss, model=model, optimizer=optimizer)   # before the update
+    done = guard.settle(j, rerun=recompute, checkpointer=ckpt, state=state, sampler=sampler)
+    if done.rolled_back_to is not None: ...   # sampler.set_step(it), a new iterator, continue
+    j.optimizer_step(optimizer)               # applied, skipped or masked, as judged
+    end = guard.after_update(step, model, optimizer, checkpoint_due=saving)
+    done = guard.settle(end, checkpointer=ckpt, state=state, sampler=sampler)  # H201: as above
 
-Steps count from 0, as the sampler and the checkpointer count them (`step` = the updates done
-before this one). Call `guard.step` BEFORE `optimizer.step()`: a non-finite or spiking update
-is then never applied. `Guard(tensorboard_dir="runs/x/tb")` (or `sinks=[...]`, any
-`MetricsSink`) also sends each step's metrics and every finding there, as `trainguard run`
-does; call `guard.close()` at the end (or use the guard as a context manager). The action for
-each finding code is configurable (`actions={"R102": "apply"}`); the strongest action among the
-step's findings wins (halt > rollback > skip > apply).
+- `judge` (before the update): the host path reads the metrics and decides now
+  (`Judgement.decision`); the device path (`guards.decide_on`: CUDA by default) decides the
+  skip on the device with no host read (`Judgement.ok` masks the update) and carries the
+  previous step's decision, read back now (`Judgement.resolved`). `Judgement.known` is the one
+  the loop can act on now.
+- `after_update`: the multi-process checks (replicas H201, stragglers H202, the monitored
+  barrier R301); with `checkpoint_due` it also reads the pending device step back.
+- `settle`: acts on a decision in one place (guard/settle.py): the rerun that tells hardware
+  (R205) from data (R206), the rollback (`Guard.rollback`), the halt (RunHalted).
 
-`distributed=True` (or a `DistributedConfig`, or a `guards.DistributedGuards`) adds the
-multi-process guards: `guard.step` averages the metrics over the ranks so that every rank takes
-the same decision, `guard.phase(name, step)` times phases (stragglers) and turns a failed
-collective into the hung-rank diagnosis, and `guard.end_step` compares replicas (H201: a
-rollback), ranks stragglers (H202) and meets at the monitored barrier (R301: exit 3).
+The parts stay public: `step` is the host path's judgement (a Decision), `step_async` the
+device path's, `flush` reads the pending step back now, `end_step` is `after_update` without
+the read-back. Steps count from 0 like the sampler's and the checkpointer's. Findings go to
+`run_dir/guard.jsonl` and to the sinks (`tensorboard_dir=`, `sinks=[...]`); `close()` at the
+end. The action per finding code is configurable (`actions={"R102": "apply"}`,
+guard/policy.py). `distributed=True` adds the multi-process guards (the metrics are averaged
+over the ranks so every rank decides alike; `phase(name, step)` times phases and names a hung
+rank).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainguard.errors import ConfigError
 from trainguard.findings import Finding
-from trainguard.guard.arguments import actions_arg, guards_config, metric_arg, state_arg
+from trainguard.guard.arguments import actions_arg, device_of, guards_config, metric_float
+from trainguard.guard.clock import StepClock
 from trainguard.guard.config import ACTIONS, Action, GuardsConfig
-from trainguard.guard.decision import DEVICE_CODES, STRENGTH, Decision
+from trainguard.guard.decision import Decision
 from trainguard.guard.detectors.loader import LoaderStallDetector
 from trainguard.guard.detectors.moe import MoEHealthDetector, RouterStats, router_summary
 from trainguard.guard.detectors.monitor_set import DEFAULT_METRICS, MetricKind, MonitorSet
+from trainguard.guard.judgement import Judgement, Settled
+from trainguard.guard.policy import DEFAULT_ACTIONS, decide
 from trainguard.guard.rerun import classify_rerun
-from trainguard.guard.rollback import checkpointer_findings, restore
+from trainguard.guard.rollback import rollback
+from trainguard.guard.settle import Rerun, merged, settle
+from trainguard.guard.state import guard_state, load_guard_state, take_windows
 from trainguard.metrics.jsonl import MetricsLog
 from trainguard.metrics.sinks import MetricsFanout, MetricsSink
 
 if TYPE_CHECKING:  # imported when a Guard is made distributed (torch.distributed)
     from trainguard.config.distributed import DistributedConfig
-    from trainguard.guard.device import PendingStep, Staged
+    from trainguard.guard.device import Staged
     from trainguard.guard.distributed.guards import DistributedGuards
 
-__all__ = ["Guard", "grad_norm_of"]
-
-DEFAULT_ACTIONS: dict[str, Action] = {
-    "R101": "skip",  # non-finite loss / grad norm
-    "R102": "skip",  # loss spike
-    "R103": "skip",  # grad-norm spike
-    "R104": "rollback",  # divergence
-    "R105": "apply",  # oscillation: a data-order problem, nothing to undo in-run
-    "R106": "apply",  # throughput drop: report only
-    "R204": "rollback",  # repeated bad steps
-}
-
-
-def _to_float(name: str, x: Any) -> float | None:
-    x = metric_arg(name, x)  # ConfigError naming `name` for a string, a 3-element tensor ...
-    if hasattr(x, "detach"):
-        return float(x.detach().float().cpu().item())  # deliberate host sync: one per metric
-    return x
+__all__ = ["DEFAULT_ACTIONS", "Guard", "Judgement", "Settled", "grad_norm_of"]
 
 
 def grad_norm_of(model: Any) -> float:
@@ -126,39 +106,81 @@ class Guard:
         self.monitors = MonitorSet(self.config, metrics or DEFAULT_METRICS, data_period)
         self.moe = MoEHealthDetector(self.config)  # R601-R604, from `router_stats`
         self.loader = LoaderStallDetector(self.config)  # R605, from the data phase's time
-        self._data_time = 0.0  # seconds in `phase("data")` since the last `step`
-        self._timed_data = False
-        self._last_step_at: float | None = None
+        self.clock = StepClock()  # each step's seconds and its data phase's (R605)
         self._pending_router: RouterStats | Callable[[], RouterStats] | None = None
         self.rollbacks = 0
         self.skipped = 0
         self.recent_bad: deque[int] = deque()
         self.history: list[dict[str, Any]] = []  # actions taken: auditable skip/rollback record
         self.pending_rollback: Decision | None = None  # what `rollback()` acts on
-        self._pending: tuple[PendingStep, Staged] | None = None  # step_async's, read at flush
-        self.distributed = self._distributed_part(distributed)
+        self._pending: tuple[Judgement, Staged] | None = None  # step_async's, read at flush
+        self.last_model: Any = None  # the model judged last: its gradients kept over a rerun
+        self.distributed: DistributedGuards | None = None
+        if distributed is not False:  # torch.distributed: imported only then
+            from trainguard.guard.distributed.part import distributed_part
 
-    def _distributed_part(
-        self, distributed: bool | DistributedConfig | DistributedGuards
-    ) -> DistributedGuards | None:
-        if distributed is False:
-            return None
-        from trainguard.config.distributed import DistributedConfig
-        from trainguard.guard.distributed.guards import DistributedGuards
+            self.distributed = distributed_part(distributed, self)
 
-        if isinstance(distributed, DistributedGuards):
-            return distributed  # built by the caller (trainguard run does)
-        config = distributed if isinstance(distributed, DistributedConfig) else None
-        part = DistributedGuards(
-            config,
-            run_dir=self.run_dir,
-            max_rollbacks=self.config.max_rollbacks,
-            on_hang=lambda f: self._log_findings([f]),
+    # --- the protocol: judge, the update, after_update, settle ----------------------------------
+    def judge(
+        self,
+        step: int,
+        *,
+        loss: Any = None,
+        grad_norm: Any = None,
+        model: Any = None,
+        optimizer: Any = None,
+        on_host: bool = False,
+        **metrics: Any,
+    ) -> Judgement:
+        """Judge step `step` before its update, on the host or the device (`on_device`;
+        `on_host=True` forces the host, e.g. under fp16's GradScaler). `metrics`: as `step`
+        takes them. Without `grad_norm`: the norm of `model`'s gradients (give the pre-clip
+        norm). Then `settle(judgement, ...)` and `judgement.optimizer_step(optimizer)`."""
+        self.last_model = model
+        if not on_host and self.on_device(device_of(loss, grad_norm, model=model)):
+            return self.step_async(step, loss=loss, grad_norm=grad_norm, model=model, **metrics)
+        decision = self.step(
+            step, loss=loss, grad_norm=grad_norm, model=model, optimizer=optimizer, **metrics
         )
-        part.start()  # ranks the launcher stops (a hung one among them) dump their stacks
-        return part
+        return Judgement(step, decision=decision, model=model)
 
-    # --- the per-step call -------------------------------------------------------------------
+    def after_update(
+        self, step: int, model: Any = None, optimizer: Any = None, *, checkpoint_due: bool = False
+    ) -> Decision:
+        """After the update of step `step`, on every rank: `end_step`. With `checkpoint_due`
+        (a checkpoint, an evaluation or the end follows) the pending device step is read back
+        first and comes back merged with the replicas' decision, so that nothing unsettled is
+        saved; a rollback or halt read back is returned at once (the weights go back anyway)."""
+        flushed = self.flush() if checkpoint_due else None
+        if flushed is not None and flushed.action in ("rollback", "halt"):
+            return flushed
+        end = self.end_step(step, model, optimizer, checkpoint_due=checkpoint_due)
+        if flushed is None:
+            return end
+        return merged(flushed, end)
+
+    def settle(
+        self,
+        what: Judgement | Decision | None,
+        *,
+        rerun: Rerun | None = None,
+        checkpointer: Any = None,
+        state: dict[str, Any] | None = None,
+        sampler: Any = None,
+        defer: bool = False,
+    ) -> Settled:
+        """Act on a Judgement's `known` decision, or on `after_update`'s or `flush`'s:
+        `rerun(step) -> (loss, grad_norm)`, step `step` recomputed on the same batch, when the
+        guard asks (R205 hardware, R206 data); a rollback with `checkpointer`, `state` and
+        `sampler` (`Settled.rolled_back_to`); a halt raises RunHalted. `defer=True`: rollback
+        and halt left to the caller (`Settled.stop`). See guard/settle.py."""
+        return settle(
+            self, what, rerun=rerun, checkpointer=checkpointer, state=state, sampler=sampler,
+            defer=defer,
+        )  # fmt: skip
+
+    # --- the two paths of `judge` ---------------------------------------------------------------
     def step(
         self,
         step: int,
@@ -173,56 +195,34 @@ class Guard:
         step_time_s: float | None = None,
         **metrics: Any,
     ) -> Decision:
-        """Score this step's metrics; call before `optimizer.step()`.
-
-        `loss`/`grad_norm` may be tensors (one host sync each; `step_async` has none). Without
-        `grad_norm`, it is computed from `model`'s gradients. With `optimizer`, gradients are
+        """The host path of `judge` (`judge(..., on_host=True).decision`), before the update.
+        `loss`/`grad_norm` may be tensors (one host sync each). With `optimizer`, gradients are
         cleared when the update must not be applied, so even an unconditional
-        `optimizer.step()` changes nothing (torch optimizers skip parameters without gradients).
-
-        `router_stats`: this step's MoE router counts, `trainguard.collect_router_stats(model,
-        reset=True)` (R601-R604; summed over the ranks in a multi-process loop, so that every
-        rank judges the same counts). `data_time_s`: the seconds this step spent getting its
-        batch (R605); without it, the time spent inside `with guard.phase("data", step):`
-        since the last call. `step_time_s`: the step's seconds; without it, the time since
-        the last `guard.step` call.
-        """
+        `optimizer.step()` changes nothing. `router_stats`: this step's MoE router counts,
+        `trainguard.collect_router_stats(model, reset=True)` (R601-R604; summed over the ranks
+        first). `data_time_s`: the seconds this step spent getting its batch (R605; default:
+        the time inside `guard.phase("data", step)`); `step_time_s`: the step's seconds
+        (default: the time since the last judged step)."""
         if not self.config.enabled:
-            self._phase_times(data_time_s, step_time_s)  # keep the step clock going
+            self.clock.times(data_time_s, step_time_s)  # keep the step clock going
             return Decision(step)
         self._refuse_if_pending("step")
         if grad_norm is None and model is not None:
             grad_norm = grad_norm_of(model)
         values: dict[str, float | None] = {
-            "loss": _to_float("loss", loss),
-            "grad_norm": _to_float("grad_norm", grad_norm),
-            "tokens_per_s": _to_float("tokens_per_s", tokens_per_s),
+            "loss": metric_float("loss", loss),
+            "grad_norm": metric_float("grad_norm", grad_norm),
+            "tokens_per_s": metric_float("tokens_per_s", tokens_per_s),
         }
         for k, v in metrics.items():
-            values[k] = _to_float(k, v)
-        values |= self._phase_times(data_time_s, step_time_s)
+            values[k] = metric_float(k, v)
+        values |= self.clock.times(data_time_s, step_time_s)
         if router_stats:
             values |= router_summary(router_stats)
         decision = self._judge(step, values, router_stats)
         if decision.action != "apply" and optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
         return decision
-
-    def _phase_times(self, data_time_s: Any, step_time_s: Any) -> dict[str, float | None]:
-        """This step's data-phase and step seconds (R605): as given, else what
-        `phase("data")` timed since the last call and the time since the last call."""
-        now = time.perf_counter()
-        if data_time_s is None and self._timed_data:
-            data_time_s = self._data_time
-        if step_time_s is None and self._last_step_at is not None:
-            step_time_s = now - self._last_step_at
-        self._last_step_at, self._data_time, self._timed_data = now, 0.0, False
-        if data_time_s is None:
-            return {}
-        return {
-            "data_time_s": _to_float("data_time_s", data_time_s),
-            "step_time_s": _to_float("step_time_s", step_time_s),
-        }
 
     def _judge(
         self, step: int, values: dict[str, float | None], router_stats: RouterStats | None = None
@@ -233,7 +233,7 @@ class Guard:
         found = self.monitors.update(step, values)
         found += self.moe.update(step, router_stats)
         found += self.loader.update(step, values.get("data_time_s"), values.get("step_time_s"))
-        decision = self._decide(step, found) if found else Decision(step)
+        decision = decide(self, step, found) if found else Decision(step)
         decision.values = values
         self._log(step, values, decision)
         return decision
@@ -251,48 +251,20 @@ class Guard:
         data_time_s: float | None = None,
         step_time_s: float | None = None,
         **metrics: Any,
-    ) -> PendingStep:
-        """Judge this step on the device; do the previous step's bookkeeping (guard/device.py).
-
-            pending = guard.step_async(step, loss=loss, model=model)  # loss: a device tensor
-            earlier = pending.resolved       # the previous step's Decision, read back now
-            if earlier is not None and earlier.action == "rollback":
-                step = guard.rollback(checkpointer, state, sampler); ...; continue
-            if earlier is not None:
-                earlier.raise_if_halt()
-            pending.optimizer_step(optimizer)  # applied only if the device let it through
-            optimizer.zero_grad()
-            ...
-            last = guard.flush()             # before a checkpoint, an evaluation, the end
-
-        The skip of a non-finite or spiking step is decided and applied on the device, exactly
-        as `step` decides it; findings, logs, escalations (R204 rollback, R203 halt) and
-        divergence (R104) come one step later, in `pending.resolved` of the next call or from
-        `flush()`, before the next update. Call `flush()` before `state_dict()` (a checkpoint)
-        and act on what it returns. `loss`/`grad_norm` as Python floats work too (no device
-        work for them). Needs every skip-action code among R101-R103 (ConfigError otherwise):
-        a skip decided from the history alone cannot veto the update it arrives after.
-        """
-        from trainguard.guard.device import PendingStep, grad_norm_tensor, judge
+    ) -> Judgement:
+        """The device path of `judge` (guard/device.py): the skip of a non-finite or spiking
+        step decided and masked on the device exactly as `step` decides it; findings, logs,
+        escalations (R204, R203) and divergence (R104) come one step later (`resolved` of the
+        next call, or `flush()`), before the next update. Needs every skip-action code among
+        R101-R103 (ConfigError otherwise): a skip decided from the history alone cannot veto
+        the update it arrives after."""
+        from trainguard.guard.device import judge_async
 
         if not self.config.enabled:
-            return PendingStep(step, None)
-        self._refuse_device_path()
-        resolved = self.flush()
-        if resolved is not None and resolved.action in ("rollback", "halt"):
-            return PendingStep(step, None, resolved, dropped=True)
-        if grad_norm is None and model is not None:
-            grad_norm = grad_norm_tensor(model)
+            return Judgement(step, None, model=model)
         values = {"loss": loss, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, **metrics}
-        values = {k: metric_arg(k, v) for k, v in values.items()}  # shapes only: no sync
-        values |= self._phase_times(data_time_s, step_time_s)  # R605 as in `step` (host floats)
-        # R601-R604: the stats, or a function that reads them, called when the step is read back
-        # (`flush`), so that the step itself never waits for the device.
-        self._pending_router = router_stats
-        ok, staged = judge(self, values)
-        pending = PendingStep(step, ok, resolved)
-        self._pending = (pending, staged)
-        return pending
+        times = self.clock.times(data_time_s, step_time_s)
+        return judge_async(self, step, values, model, router_stats, times)
 
     @property
     def pending_step(self) -> int | None:
@@ -301,33 +273,11 @@ class Guard:
         return None if self._pending is None else self._pending[0].step
 
     def flush(self) -> Decision | None:
-        """The pending step's bookkeeping now (one host read of its staged values): its
-        Decision, or None when nothing is pending. A skipped update's host-side state is put
-        back here (guard/masked_step.py), before anything can read it."""
-        if self._pending is None:
-            return None
-        pending, staged = self._pending
-        self._pending = None
-        values, applied = staged.read()
-        router, self._pending_router = self._pending_router, None
-        router_stats = router() if callable(router) else router
-        if router_stats:
-            values |= router_summary(router_stats)
-        decision = self._judge(pending.step, values, router_stats)
-        vetoed = any(
-            f.code in DEVICE_CODES and self.actions.get(f.code, "apply") != "apply"
-            for f in decision.findings
-        )
-        if not applied and pending.repair is not None:
-            pending.repair.undo()
-        if vetoed == applied:  # the two evaluations of one formula disagree: never expected
-            warnings.warn(
-                f"step {pending.step}: the device {'applied' if applied else 'skipped'} the "
-                f"update but the detectors say {decision.action}; the device's choice stands",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return decision
+        """The pending step's decision read back now (one host read), or None: before a
+        checkpoint, an evaluation, the end; `settle` it."""
+        from trainguard.guard.device import flush
+
+        return flush(self)
 
     def on_device(self, device: Any) -> bool:
         """Whether a loop on `device` should call `step_async` (`config.decide_on`): always
@@ -342,110 +292,12 @@ class Guard:
         agrees = part is not None and part.active and part.agree_metrics
         return getattr(device, "type", str(device)) == "cuda" and not agrees
 
-    def _refuse_device_path(self) -> None:
-        late = sorted(c for c, a in self.actions.items() if a == "skip" and c not in DEVICE_CODES)
-        if late and late != ["R204"]:
-            raise ConfigError(
-                f"guard.step_async decides skips on the device from R101-R103 only; "
-                f"{', '.join(c for c in late if c != 'R204')} configured to skip needs the "
-                "value on the host",
-                "use guard.step for this configuration, or give those codes apply, rollback "
-                "or halt",
-            )
-        part = self.distributed
-        if part is not None and part.active and part.agree_metrics:
-            raise ConfigError(
-                "guard.step_async cannot average the metrics over the ranks without a host sync",
-                "all-reduce the loss yourself (the gradient norm after DDP is already shared) "
-                "and build the part with DistributedGuards(..., agree_metrics=False), or use "
-                "guard.step",
-            )
-
     def _refuse_if_pending(self, what: str) -> None:
         if self._pending is not None:
             raise RuntimeError(
                 f"guard.{what} with step {self._pending[0].step} still pending from "
                 "step_async: call guard.flush() first and act on its decision"
             )
-
-    def _decide(self, step: int, found: list[Finding]) -> Decision:
-        c = self.config
-        action: Action = "apply"
-        for f in found:
-            a = self.actions.get(f.code, "apply")
-            if STRENGTH[a] > STRENGTH[action]:
-                action = a
-        d = Decision(step, action, list(found))
-        d.rerun = action != "apply" and any(f.code in c.rerun_on for f in found)
-        if action == "skip":
-            self.recent_bad.append(step)
-        while self.recent_bad and self.recent_bad[0] <= step - c.repeat_window:
-            self.recent_bad.popleft()
-        if action == "skip" and len(self.recent_bad) >= c.repeat_count:
-            d.findings.append(
-                Finding.of(
-                    "R204",
-                    f"{len(self.recent_bad)} bad steps within {c.repeat_window} steps "
-                    f"(steps {list(self.recent_bad)})",
-                    step=step,
-                    data={"steps": list(self.recent_bad)},
-                )
-            )
-            a = self.actions.get("R204", "rollback")
-            if STRENGTH[a] > STRENGTH[action]:
-                action = a
-        if action == "rollback" and self.rollbacks >= c.max_rollbacks:
-            action = "halt"
-            d.findings.append(
-                Finding.of(
-                    "R203",
-                    f"a rollback was needed at step {step} but the run already rolled back "
-                    f"{self.rollbacks} times (max_rollbacks={c.max_rollbacks})",
-                    step=step,
-                    data={"rollbacks": self.rollbacks, "max_rollbacks": c.max_rollbacks},
-                )
-            )
-        elif action == "halt":
-            codes = sorted({f.code for f in found if self.actions.get(f.code) == "halt"})
-            d.findings.append(
-                Finding.of("R203", f"findings {codes} are configured to halt the run", step=step)
-            )
-        elif action == "rollback":
-            self.rollbacks += 1
-            bad = sorted({*self.recent_bad, step, *self._divergent_steps(found, step)})
-            d.bad_steps = bad
-            self.pending_rollback = d
-            self.recent_bad.clear()
-            d.findings.append(
-                Finding.of(
-                    "R202",
-                    f"roll back to the last good checkpoint and skip the batches of steps {bad} "
-                    f"(rollback {self.rollbacks} of at most {c.max_rollbacks})",
-                    step=step,
-                    data={"bad_steps": bad, "rollbacks": self.rollbacks},
-                )
-            )
-        elif action == "skip":
-            self.skipped += 1
-            d.findings.append(
-                Finding.of(
-                    "R201",
-                    f"update of step {step} not applied ({', '.join(f.code for f in found)})",
-                    step=step,
-                    data={"codes": [f.code for f in found]},
-                )
-            )
-        d.action = action
-        if action != "apply":
-            self.history.append({"step": step, "action": action, "bad_steps": d.bad_steps})
-        return d
-
-    @staticmethod
-    def _divergent_steps(found: list[Finding], step: int) -> list[int]:
-        for f in found:
-            if f.code == "R104" and f.data.get("since_step") is not None:
-                return list(range(int(f.data["since_step"]), step + 1))
-        return []
 
     # --- the multi-process guards ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -463,13 +315,13 @@ class Guard:
                     yield
         finally:
             if name == "data":  # R605 in any loop, one process or many
-                self._data_time += time.perf_counter() - t0
-                self._timed_data = True
+                self.clock.add_data(time.perf_counter() - t0)
 
     def end_step(
         self, step: int, model: Any = None, optimizer: Any = None, *, checkpoint_due: bool = False
     ) -> Decision:
-        """After the update of step `step`, on every rank: the replica check every K steps and
+        """`after_update` without reading back a pending device step. After the update of step
+        `step`, on every rank: the replica check every K steps and
         when `checkpoint_due` (call it before saving: a corrupt replica is never saved), the
         straggler ranking, the monitored barrier. H201 asks for a rollback (no batches to skip:
         the data is not at fault), or a halt after more than `max_rollbacks` of them; H202 is
@@ -489,103 +341,30 @@ class Guard:
         through `checkpointer.load_latest`, make `sampler` skip the samples of the decision's
         bad steps (recorded in its state), keep this guard's counters and the sampler's earlier
         skips across the restore. Returns the step to continue from; then `sampler.set_step`
-        it and build a new iterator. Raises RunHalted when there is no checkpoint."""
-        decision = self.pending_rollback
-        self.pending_rollback = None
-        at = decision.step if decision is not None else -1
-        bad = decision.bad_steps if decision is not None else []
-        if self.distributed is None:
-            step, event = restore(self, checkpointer, state, sampler, bad, at)
-        else:  # the load's collectives get the checkpoint budget, not the step timeout
-            with self.distributed.budget("checkpoint"):
-                step, event = restore(self, checkpointer, state, sampler, bad, at)
-        if self._findings_log is not None:  # the auditable record of what was skipped
-            self._findings_log.write({"kind": "event", "step": at, **event})
-        self._log_findings(checkpointer_findings(checkpointer))
-        return step
+        it and build a new iterator. Raises RunHalted when there is no
+        checkpoint (one text for every loop)."""
+        return rollback(self, checkpointer, state, sampler)
 
-    # --- rerun to classify ---------------------------------------------------------------------
     def classify_rerun(self, first: Any, second: Any, step: int | None = None) -> Finding:
+        """R205 (hardware) or R206 (data): what a rerun of the step gave (guard/rerun.py)."""
         return classify_rerun(first, second, rtol=self.config.rerun_rtol, step=step)
 
-    # --- state ---------------------------------------------------------------------------------
+    # --- state (guard/state.py) ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         self._refuse_if_pending("state_dict")  # its values are not in the windows yet
-        state = {
-            "version": 1,
-            "monitors": self.monitors.state_dict(),
-            "moe": self.moe.state_dict(),
-            "loader": self.loader.state_dict(),
-            "rollbacks": self.rollbacks,
-            "skipped": self.skipped,
-            "recent_bad": list(self.recent_bad),
-            "history": list(self.history),
-        }
-        if self.distributed is not None:  # straggler windows, replica rollback count
-            state["distributed"] = self.distributed.state_dict()
-        return state
+        return guard_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: restore the windows and the action counters. ConfigError when `state` is
         not what `state_dict()` returned; the guard is then left as it was."""
-        state = state_arg(state)
-        try:  # into fresh parts first, so that a damaged state changes nothing
-            monitors = MonitorSet(self.monitors.config, self.monitors.metrics)
-            monitors.set_data_period(self._data_period())
-            monitors.load_state_dict(state.get("monitors", {}))
-            counters = (
-                int(state.get("rollbacks", 0)),
-                int(state.get("skipped", 0)),
-                deque(int(s) for s in state.get("recent_bad", [])),
-                list(state.get("history", [])),
-            )
-            moe, loader = self._health_parts(state)
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
-            raise ConfigError(
-                f"Guard.load_state_dict(state): state is not a Guard.state_dict() ({e!r:.120})",
-                "pass the guard's state as saved in the checkpoint (state['guard'])",
-            ) from None
-        self.monitors, self.moe, self.loader = monitors, moe, loader
-        self.rollbacks, self.skipped, self.recent_bad, self.history = counters
-        if self.distributed is not None and "distributed" in state:
-            self.distributed.load_state_dict(state["distributed"])
+        load_guard_state(self, state)
 
     def after_rollback(self, checkpoint_state: dict[str, Any] | None) -> None:
-        """The loop restored a checkpoint: take its monitor windows, keep the action counters.
+        """The loop restored a checkpoint: take its monitor windows, keep the action counters
+        (or the rollback limit could never be reached)."""
+        take_windows(self, checkpoint_state)
 
-        The counters must survive, or the rollback limit could never be reached.
-        """
-        if checkpoint_state and "monitors" in checkpoint_state:
-            fresh = MonitorSet(self.monitors.config, self.monitors.metrics)
-            fresh.set_data_period(self._data_period())
-            fresh.load_state_dict(checkpoint_state["monitors"])
-            self.monitors = fresh
-            self._load_health(checkpoint_state)
-        self.recent_bad.clear()
-
-    def _load_health(self, state: dict[str, Any]) -> None:
-        self.moe, self.loader = self._health_parts(state)
-
-    def _health_parts(
-        self, state: Mapping[str, Any]
-    ) -> tuple[MoEHealthDetector, LoaderStallDetector]:
-        """The MoE and loader detectors with their state (absent in checkpoints from before
-        them)."""
-        moe = MoEHealthDetector(self.config)
-        moe.load_state_dict(state.get("moe", {}))
-        loader = LoaderStallDetector(self.config)
-        if "loader" in state:
-            loader.load_state_dict(state["loader"])
-        return moe, loader
-
-    def _data_period(self) -> float | None:
-        from trainguard.guard.detectors.oscillation import OscillationDetector
-
-        for m in self.monitors.monitors.values():
-            if isinstance(m, OscillationDetector):
-                return m.data_period
-        return None
-
+    # --- the record ----------------------------------------------------------------------------
     def _log(self, step: int, values: dict[str, float | None], decision: Decision) -> None:
         self._log_findings(decision.findings)
         if self.sinks.viewers:

@@ -27,13 +27,20 @@ lost work, never a different model.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from trainguard.guard.decision import Decision
-from trainguard.guard.masked_step import HostRepair, masked_step
+from trainguard.errors import ConfigError
+from trainguard.guard.arguments import metric_arg
+from trainguard.guard.decision import DEVICE_CODES, Decision
+from trainguard.guard.detectors.moe import router_summary
+from trainguard.guard.judgement import Judgement
+
+# What `step_async` returns: a Judgement on the device path (the name kept for loops that use it).
+PendingStep = Judgement
 
 
 def is_tensor(x: Any) -> bool:
@@ -128,35 +135,81 @@ def judge(guard: Any, values: dict[str, Any]) -> tuple[torch.Tensor, Staged]:
     return ok, Staged(list(tensors), row, None, floats)
 
 
-@dataclass
-class PendingStep:
-    """What `Guard.step_async` returns: this step's device verdict and the previous step's
-    decision, read back by this call.
+def judge_async(
+    guard: Any,
+    step: int,
+    values: dict[str, Any],
+    model: Any = None,
+    router_stats: Any = None,
+    times: dict[str, float | None] | None = None,
+) -> Judgement:
+    """`Guard.step_async`'s work: settle the previous pending step (`flush`), then judge this
+    one on the device and stage its values for the next read-back. `values` as the loop gave
+    them (tensors stay where they are); `router_stats` may be a function, called at read-back;
+    `times`: the step's data and step seconds (R605), host floats."""
+    refuse_device_path(guard)
+    resolved = flush(guard)
+    if resolved is not None and resolved.action in ("rollback", "halt"):
+        return Judgement(step, None, resolved, dropped=True, model=model)
+    if values.get("grad_norm") is None and model is not None:
+        values["grad_norm"] = grad_norm_tensor(model)
+    values = {k: metric_arg(k, v) for k, v in values.items()}  # shapes only: no sync
+    values |= times or {}
+    # R601-R604: the stats, or a function that reads them, called when the step is read back
+    # (`flush`), so that the step itself never waits for the device.
+    guard._pending_router = router_stats
+    ok, staged = judge(guard, values)
+    pending = Judgement(step, ok, resolved, model=model)
+    guard._pending = (pending, staged)
+    return pending
 
-    The loop acts on `resolved` first (a rollback or a halt of the previous step: then this
-    step is `dropped`, not judged), then applies this step's update with `optimizer_step`."""
 
-    step: int
-    ok: torch.Tensor | None
-    """0-dim bool tensor on the metrics' device: the update may be applied. None when the
-    guard is disabled (always applied) or the step was dropped."""
-    resolved: Decision | None = None
-    """The previous pending step's decision (its findings, action, rerun, bad steps)."""
-    dropped: bool = False
-    """The previous step asked for a rollback or a halt: this step was not judged and its
-    update must not be applied."""
-    repair: HostRepair | None = None
+def flush(guard: Any) -> Decision | None:
+    """The pending step's bookkeeping now (one host read of its staged values): its Decision,
+    or None when nothing is pending. A skipped update's host-side state is put back here
+    (guard/masked_step.py), before anything can read it."""
+    if guard._pending is None:
+        return None
+    pending, staged = guard._pending
+    guard._pending = None
+    values, applied = staged.read()
+    router, guard._pending_router = guard._pending_router, None
+    router_stats = router() if callable(router) else router
+    if router_stats:
+        values |= router_summary(router_stats)
+    decision = guard._judge(pending.step, values, router_stats)
+    vetoed = any(
+        f.code in DEVICE_CODES and guard.actions.get(f.code, "apply") != "apply"
+        for f in decision.findings
+    )
+    if not applied and pending.repair is not None:
+        pending.repair.undo()
+    if vetoed == applied:  # the two evaluations of one formula disagree: never expected
+        warnings.warn(
+            f"step {pending.step}: the device {'applied' if applied else 'skipped'} the "
+            f"update but the detectors say {decision.action}; the device's choice stands",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return decision
 
-    def optimizer_step(self, optimizer: Any) -> None:
-        """`optimizer.step()`, kept only if the device let this step through (see
-        guard/masked_step.py for how each optimizer is masked). Use this instead of
-        `optimizer.step()`: a plain step would apply a rejected update."""
-        if self.dropped:
-            raise RuntimeError(
-                f"step {self.step} was dropped: act on the previous step's decision "
-                f"({self.resolved.action if self.resolved else '?'}) first"
-            )
-        if self.ok is None:
-            optimizer.step()
-            return
-        self.repair = masked_step(optimizer, self.ok)
+
+def refuse_device_path(guard: Any) -> None:
+    """ConfigError for what the device cannot decide: a skip on a code other than R101-R103
+    (the value is needed on the host), or metrics averaged over the ranks (a host sync)."""
+    late = sorted(c for c, a in guard.actions.items() if a == "skip" and c not in DEVICE_CODES)
+    if late and late != ["R204"]:
+        raise ConfigError(
+            f"guard.step_async decides skips on the device from R101-R103 only; "
+            f"{', '.join(c for c in late if c != 'R204')} configured to skip needs the "
+            "value on the host",
+            "use guard.step for this configuration, or give those codes apply, rollback or halt",
+        )
+    part = guard.distributed
+    if part is not None and part.active and part.agree_metrics:
+        raise ConfigError(
+            "guard.step_async cannot average the metrics over the ranks without a host sync",
+            "all-reduce the loss yourself (the gradient norm after DDP is already shared) "
+            "and build the part with DistributedGuards(..., agree_metrics=False), or use "
+            "guard.step",
+        )

@@ -50,17 +50,12 @@ def restore(
     from and the event to log (`from_step`, `to_step`, the skipped steps and positions)."""
     counters = guard.state_dict()
     skips = sampler.state_dict()
-    why = ""
     try:
         step = checkpointer.load_latest(state)
-    except NoUsableCheckpoint as e:  # checkpoints, none of them valid (C107)
-        step, why = None, f" ({e.message})"
-    if step is None:  # the one wording of this halt, for every loop
-        raise RunHalted(
-            f"the guard asked for a rollback at step {at_step} but there is no valid "
-            f"checkpoint to return to{why}",
-            "save checkpoints more often so a good state is on disk, or lower the learning rate",
-        )
+    except NoUsableCheckpoint as e:  # checkpoints exist, none loads (C107)
+        raise no_checkpoint(at_step, e.message) from None
+    if step is None:
+        raise no_checkpoint(at_step)
     restored = guard.state_dict()  # the checkpoint's, if the guard is in `state`
     guard.load_state_dict(counters)
     guard.after_rollback(restored)
@@ -77,6 +72,35 @@ def restore(
     return step, event
 
 
+def no_checkpoint(at_step: int, why: str | None = None) -> RunHalted:
+    """The one text for a rollback with nowhere to go, in every loop."""
+    return RunHalted(
+        f"the guard asked for a rollback at step {at_step} but there is no valid checkpoint "
+        f"to return to{f' ({why})' if why else ''}",
+        "save checkpoints more often (trainguard run: a lower checkpoint.interval) so that a "
+        "good state is on disk, or lower the learning rate",
+    )
+
+
 def checkpointer_findings(checkpointer: Any) -> list[Finding]:
     """The restore's findings (fallbacks past corrupt checkpoints, quarantines), if any."""
     return list(getattr(checkpointer, "last_findings", None) or [])
+
+
+def rollback(guard: Any, checkpointer: Any, state: dict[str, Any], sampler: Any) -> int:
+    """`Guard.rollback`: `restore` on the guard's pending rollback decision (under the
+    checkpoint's timeout budget with several ranks), the event and the restore's findings
+    recorded. Returns the step to continue from."""
+    decision = guard.pending_rollback
+    guard.pending_rollback = None
+    at = decision.step if decision is not None else -1
+    bad = decision.bad_steps if decision is not None else []
+    if guard.distributed is None:
+        step, event = restore(guard, checkpointer, state, sampler, bad, at)
+    else:  # the load's collectives get the checkpoint budget, not the step timeout
+        with guard.distributed.budget("checkpoint"):
+            step, event = restore(guard, checkpointer, state, sampler, bad, at)
+    if guard._findings_log is not None:  # the auditable record of what was skipped
+        guard._findings_log.write({"kind": "event", "step": at, **event})
+    guard.report(checkpointer_findings(checkpointer))
+    return step
