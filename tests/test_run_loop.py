@@ -23,7 +23,7 @@ from trainguard.config.load import validate_recipe
 from trainguard.faults import FaultPlan
 from trainguard.guard.decision import Decision
 from trainguard.guard.distributed.guards import DistributedGuards
-from trainguard.train import spine
+from trainguard.train import actions
 from trainguard.train.callback import Callback, RunContext
 from trainguard.train.distributed import Dist
 from trainguard.train.guarded_run import Run, _run_phases
@@ -305,7 +305,7 @@ def test_a_rollback_rewinds_the_model_not_the_callbacks(tmp_path: Path) -> None:
         counter.seen.append(step)
         if step == 2:
             loop.checkpointer.save(step + 1, loop.state)  # 3 steps done
-    spine.roll_back(loop, Decision(4, "rollback", bad_steps=[4]))
+    actions.roll_back(loop, Decision(4, "rollback", bad_steps=[4]))
     assert loop.ctx.step == 3 and counter.seen == [0, 1, 2, 3, 4]
     assert loop.sampler.skipped_positions == [[16, 20]]  # step 4's batch
 

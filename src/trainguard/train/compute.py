@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from trainguard.config.schema import Recipe
 from trainguard.data.order import batch_hash
 from trainguard.data.sampler import ElasticSampler
-from trainguard.guard.device import PendingStep
+from trainguard.guard.judgement import Judgement
 from trainguard.train.distributed import World
 from trainguard.train.optim import Optimizer
 from trainguard.train.schedule import LrSchedule
@@ -200,9 +200,9 @@ class StepMath:
             start += n
         return out
 
-    def apply_update(self, step: int, pending: PendingStep | None = None) -> float:
-        """Set step `step`'s (0-based) learning rates and apply the update; with `pending`
-        (`Guard.step_async`'s), only if the device let it through.
+    def apply_update(self, step: int, judgement: Judgement | None = None) -> float:
+        """Set step `step`'s (0-based) learning rates and apply the update; with `judgement`
+        (`Guard.judge`'s) as judged: applied, skipped, or masked on the device.
 
         Returns train.lr's scheduled value, the `lr` of the step's log row."""
         t = self.recipe.train
@@ -212,10 +212,10 @@ class StepMath:
         factor = self.schedule.factor(step)
         for group in self.optimizer.param_groups:
             group["lr"] = group.get("peak_lr", t.lr) * factor
-        if pending is None:
+        if judgement is None:
             self.optimizer.step()
         else:
-            pending.optimizer_step(self.optimizer)
+            judgement.optimizer_step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         return t.lr * factor
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from trainguard.guard.detectors.moe import router_summary
-from trainguard.train.actions import replicas_halted, rerun, roll_back
+from trainguard.train.actions import settle
 from trainguard.train.device_steps import DeviceSteps
 from trainguard.train.loop import Loop
 from trainguard.train.saving import checkpoint_due, finish_checkpoint, save_checkpoint
@@ -67,60 +67,50 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
     # forward/backward (`background_copy`): nothing below may change them before it is done.
     loop.checkpointer.wait_copied()
 
-    # -- the guard judges the update before any weight changes; the callbacks may veto it; ------
-    # -- apply or discard it ---------------------------------------------------------------------
-    vetoed: str | None = None
+    # -- the guard judges the update before any weight changes (`Guard.judge`) and the loop ----
+    # -- settles what it knows (`Guard.settle`: rerun, rollback, halt) -------------------------
+    # The host path knows this step's decision now; the device path masks this step's update
+    # on the device and knows the previous step's, read back here (no host sync in the step).
     if on_device is None:
-        tokens_per_s = tokens / compute_s
-        decision = guard.step(
-            step,
-            loss=out.loss,
-            grad_norm=out.grad_norm,
-            tokens_per_s=tokens_per_s,
-            router_stats=out.router_stats,  # R601-R604 (MoE models)
-            data_time_s=out.data_time_s,  # R605: the loader's share of the step
-            step_time_s=compute_s,
-        )
-        if decision.rerun:  # the same state and batch again: hardware, or data/software?
-            rerun(loop, decision, out, position)
-        ctx.record(decision.findings)
-        if decision.action == "rollback":
-            roll_back(loop, decision)
-            return
-        decision.raise_if_halt()
-        if decision.apply:
-            vetoed = loop.callbacks.pre_optimizer_step(ctx, step, decision)
-        if decision.apply and vetoed is None:
-            lr = math.apply_update(step)
-        else:
-            math.discard_update()
-            lr = 0.0
-        action: str | None = decision.action if vetoed is None else "veto"
-    else:  # masked on the device; the previous step's decision is settled (read back) here
+        tokens_per_s, step_time_s, router = tokens / compute_s, compute_s, out.router_stats
+    else:
         tokens_per_s = on_device.tokens_per_s(tokens, t0)
-        pending = on_device.judge(step, out, tokens_per_s)
-        if pending is None:
-            return  # the previous step rolled back
-        vetoed = loop.callbacks.pre_optimizer_step(ctx, step, None)
-        if vetoed is None:
-            lr = math.apply_update(step, pending)
-        else:  # the device's mask is moot: nothing is applied
-            math.discard_update()
-            lr = 0.0
-        action = None if vetoed is None else "veto"  # else known when read back
+        step_time_s, router = on_device.interval, on_device.router_reader(out)
+    judgement = guard.judge(
+        step,
+        loss=out.loss,
+        grad_norm=out.grad_norm,
+        model=ctx.model,
+        on_host=on_device is None,
+        tokens_per_s=tokens_per_s,
+        router_stats=router,  # R601-R604 (MoE models)
+        data_time_s=out.data_time_s,  # R605: the loader's share of the step
+        step_time_s=step_time_s,
+    )
+    if not settle(loop, judgement, on_device):
+        return  # rolled back: the next call continues from the restored step
+    decision = judgement.decision  # None on the device path: settled a step later
+
+    # -- the callbacks may veto the update; then it is applied, skipped or masked as judged -----
+    applies = decision is None or decision.apply  # the device path: masked on the device
+    vetoed = loop.callbacks.pre_optimizer_step(ctx, step, decision) if applies else None
+    if applies and vetoed is None:
+        lr = math.apply_update(step, judgement)  # `judgement.optimizer_step`
+    else:  # skipped by the guard, or vetoed: the gradients go, the weights stay
+        math.discard_update()
+        lr = 0.0
+    action = "veto" if vetoed is not None else decision.action if decision is not None else None
     loop.callbacks.post_optimizer_step(ctx, step)
 
-    # -- replicas and stragglers (several processes): H201 rolls back, H202 is reported -------
-    # Host sync: every rank's parameter hash (every K steps, and before a checkpoint, so that
-    # no corrupt replica is saved) and phase timings are gathered, then a monitored barrier.
-    end = guard.end_step(step, ctx.model, ctx.optimizer, checkpoint_due=saves)
-    ctx.record(end.findings)
-    if end.action == "halt":
-        raise replicas_halted(end)
-    if end.action == "rollback":
-        if on_device is not None and not on_device.flush():  # rollback reads a settled guard
-            return
-        roll_back(loop, end)
+    # -- after the update (`Guard.after_update`): replicas (H201 rolls back) and stragglers ------
+    # Host sync with several processes: every rank's parameter hash (every K steps, and before
+    # a checkpoint, so that no corrupt replica is saved) and phase timings, then a monitored
+    # barrier. Before a checkpoint or a validation loss the device path reads this step back.
+    evaluates = (step + 1) % t.eval_interval == 0
+    due = saves or (on_device is not None and evaluates)
+    reads_back = due and guard.pending_step is not None  # this step's decision comes with it
+    end = guard.after_update(step, ctx.model, ctx.optimizer, checkpoint_due=due)
+    if not settle(loop, end, on_device, read_back=reads_back):
         return
 
     # -- the step is done: advance, log it, tell the callbacks (evaluations among them) --------
@@ -144,10 +134,8 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
     }
     if on_device is None:
         loop.callbacks.post_step(ctx, step, row)
-    else:  # the row waits for its values; a checkpoint or a validation loss waits for it
+    else:  # the row waits for its values (read back already before a checkpoint or an eval)
         on_device.hold(step, row)
-        if (saves or (step + 1) % t.eval_interval == 0) and not on_device.flush():
-            return  # this step rolled back
 
     # -- checkpoint when due: step + 1 completed steps -------------------------------------------
     if saves:
