@@ -124,3 +124,28 @@ def test_callback_is_public_with_every_hook_a_no_op() -> None:
     assert cb.pre_optimizer_step(None, 0, None) is None  # type: ignore[arg-type]
     assert cb.on_loss(None, 0, 1.0) is None  # type: ignore[arg-type]
     assert cb.state_dict() == {} and trainguard.Callback.priority == 0
+
+
+def test_the_step_holds_no_fault_calls_and_no_sampler_of_its_own() -> None:
+    """The drills' faults act through the callback's hooks only, and the batch comes from the
+    run's ElasticSampler: the arithmetic and the loop neither import the fault plan nor build
+    an order or slice ranks themselves."""
+    import ast
+
+    import trainguard.train as train_pkg
+
+    root = Path(train_pkg.__file__).parent
+    for name in ("compute.py", "spine.py", "actions.py", "device_steps.py", "saving.py"):
+        tree = ast.parse((root / name).read_text(encoding="utf-8"))
+        imported = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        called = {
+            n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and hasattr(n.func, "id")
+        }
+        assert "trainguard.faults" not in imported and "faults" not in attrs, name
+        assert not {"ElasticSampler", "ElasticOrder", "rank_slice"} & called, name
