@@ -44,7 +44,8 @@ def train(loop: Loop) -> None:
 def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
     """One optimizer step. A rollback ends it early: the next call continues from the restored
     step. A halt raises RunHalted. With `on_device` the guard judges on the device and this
-    step's decision, findings and row come one step later (or at a flush)."""
+    step's decision, findings and row come one step later (or before a checkpoint or an
+    evaluation, which read it back first)."""
     ctx, guard, math = loop.ctx, loop.guard, loop.math
     step = ctx.step  # the 0-based index of the step computed now (= completed steps)
     t = ctx.recipe.train
