@@ -243,17 +243,17 @@ def test_report_marks_findings_and_non_finite_values(faulty_run: Path) -> None:
     assert any(r["loss"] == "nan" for r in info["steps"])  # as metrics.jsonl stores NaN
     fig = plots.loss_figure(info["steps"], info["evals"], info["findings"])
     marks = {c.get_gid(): c for c in fig.axes[0].collections if c.get_gid()}
-    assert [x for x, _ in marks["non-finite"].get_offsets()] == [5.0]
-    assert {x for x, _ in marks["findings-error"].get_offsets()} == {5.0}  # R101
-    assert {x for x, _ in marks["findings-info"].get_offsets()} >= {5.0}  # R201 skip
+    assert [x for x, _ in marks["non-finite"].get_offsets()] == [4.0]
+    assert {x for x, _ in marks["findings-error"].get_offsets()} == {4.0}  # R101
+    assert {x for x, _ in marks["findings-info"].get_offsets()} >= {4.0}  # R201 skip
     assert marks["findings-error"].get_facecolor()[0].tolist() != (
         marks["findings-info"].get_facecolor()[0].tolist()
     )
     grad = plots.series_figure(info["steps"], "grad_norm", "g", "n", info["findings"])
     grad_marks = {c.get_gid(): c for c in grad.axes[0].collections if c.get_gid()}
-    assert [x for x, _ in grad_marks["non-finite"].get_offsets()] == [5.0]
+    assert [x for x, _ in grad_marks["non-finite"].get_offsets()] == [4.0]
     # The HTML embeds the marked plots.
     html = (faulty_run / "report.html").read_text()
     assert html.count("data:image/png;base64,") >= 3
     # ... and the report counts the skipped update (run averages no training loss).
-    assert "| skipped updates | 1 (steps 5) |" in (faulty_run / "report.md").read_text()
+    assert "| skipped updates | 1 (steps 4) |" in (faulty_run / "report.md").read_text()
