@@ -17,7 +17,9 @@ from trainguard.findings import Finding
 from trainguard.guard.core import Guard
 from trainguard.guard.distributed.guards import DistributedGuards
 from trainguard.reference.select import Selected
+from trainguard.train import saving
 from trainguard.train.callback import Callback, Callbacks, RunContext
+from trainguard.train.callbacks.checkpoint import CheckpointCallback
 from trainguard.train.callbacks.distributed import DistributedGuardsCallback
 from trainguard.train.callbacks.evals import EvalsCallback
 from trainguard.train.callbacks.faults import FaultsCallback
@@ -98,7 +100,9 @@ def compose(
     )
     resume = ResumeCallback(env)
     validation = ValidationCallback(math, _offtrack(r))
+    checkpoints = CheckpointCallback()
     found: list[Callback] = [StepLogCallback(), resume, DistributedGuardsCallback(part), validation]
+    found.append(checkpoints)
     if r.preflight.enabled:
         found.append(PreflightCallback(data, evals))
     watchdog = None
@@ -132,6 +136,7 @@ def compose(
     }
     meta = {"data_identity": data_identity(data.manifest)}
     loop = Loop(ctx, math, sampler, guard, checkpointer, callbacks, state, meta, writing)
+    checkpoints.save = lambda step: saving.save_checkpoint(loop, step)
     return Composed(loop, resume, validation, watchdog)
 
 

@@ -4,9 +4,10 @@ The loop is composed of the public parts (`ElasticSampler`, `Guard` with its dis
 `Checkpointer`) and the arithmetic of `train/compute.py`; everything else is a callback
 (`train/callback.py`) told at fixed points. `train_step` is the whole story of a step: data,
 forward/backward, the guard's judgement before any weight changes, the callbacks' veto, apply
-or discard, the replica check, the step row, the callbacks, the checkpoint. `step` is the
-0-based index of the step being computed everywhere (the sampler's, the guard's, the callbacks',
-the fault plan's, the row's); a checkpoint holds completed steps: after step s, `save(s + 1)`.
+or discard, the replica check, the step row, the callbacks (the checkpoint among them). `step`
+is the 0-based index of the step being computed everywhere (the sampler's, the guard's, the
+callbacks', the fault plan's, the row's); a checkpoint holds completed steps: after step s,
+`save(s + 1)`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from trainguard.guard.detectors.moe import router_summary
 from trainguard.train.actions import settle
 from trainguard.train.device_steps import DeviceSteps
 from trainguard.train.loop import Loop
-from trainguard.train.saving import checkpoint_due, finish_checkpoint, save_checkpoint
+from trainguard.train.saving import checkpoint_due, finish_checkpoint
 
 
 def train(loop: Loop) -> None:
@@ -49,7 +50,9 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
     ctx, guard, math = loop.ctx, loop.guard, loop.math
     step = ctx.step  # the 0-based index of the step computed now (= completed steps)
     t = ctx.recipe.train
-    saves = checkpoint_due(ctx.recipe, step + 1)  # a checkpoint of step + 1 completed steps
+    # A checkpoint of step + 1 completed steps follows (`CheckpointCallback`): the replicas are
+    # compared first, so that no corrupt one is saved.
+    saves = checkpoint_due(ctx.recipe, step + 1)
     loop.callbacks.pre_step(ctx, step)
 
     # -- data: where this step's global batch starts (bad batches of rollbacks skipped) -------
@@ -133,11 +136,9 @@ def train_step(loop: Loop, on_device: DeviceSteps | None = None) -> None:
         "action": action,
         **({"vetoed_by": vetoed} if vetoed is not None else {}),
     }
+    # The callbacks, in order: the row to the log, the evaluations, and last the checkpoint when
+    # due (`CheckpointCallback`: step + 1 completed steps, saved in the background).
     if on_device is None:
         loop.callbacks.post_step(ctx, step, row)
     else:  # the row waits for its values (read back already before a checkpoint or an eval)
         on_device.hold(step, row)
-
-    # -- checkpoint when due: step + 1 completed steps -------------------------------------------
-    if saves:
-        save_checkpoint(loop, step)
