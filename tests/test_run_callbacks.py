@@ -149,3 +149,14 @@ def test_the_step_holds_no_fault_calls_and_no_sampler_of_its_own() -> None:
         }
         assert "trainguard.faults" not in imported and "faults" not in attrs, name
         assert not {"ElasticSampler", "ElasticOrder", "rank_slice"} & called, name
+
+
+def test_a_callback_without_its_own_name_is_refused_before_any_work(recipe_for, tmp_path) -> None:
+    from trainguard.errors import BadInputError
+
+    class Nameless(trainguard.Callback):
+        pass
+
+    with pytest.raises(BadInputError, match="unique and non-empty") as e:
+        run(recipe_for(), tmp_path / "run", [Nameless()])
+    assert "`name`" in e.value.fix and not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.errors import BadInputError
 from trainguard.findings import Finding
 
 if TYPE_CHECKING:
@@ -172,7 +173,11 @@ class Callbacks:
         self.all = sorted(callbacks, key=lambda cb: -cb.priority)  # stable: ties keep order
         names = [cb.name for cb in self.all]
         if len(set(names)) != len(names) or "" in names:
-            raise ValueError(f"callback names must be unique and non-empty, got {names}")
+            raise BadInputError(  # a user's callback (run_recipe(callbacks=...)) among them
+                f"callback names must be unique and non-empty, got {names}",
+                "give each trainguard.Callback subclass its own class attribute `name` (the "
+                "key of its state in checkpoints)",
+            )
         self._hooks = {
             hook: [cb for cb in self.all if getattr(type(cb), hook) is not getattr(Callback, hook)]
             for hook in _HOOKS
