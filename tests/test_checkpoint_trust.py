@@ -285,8 +285,8 @@ def test_rollback_falls_back_past_a_pickled_optimizer_file(tmp_path: Path) -> No
     from trainguard.guard.decision import Decision
     from trainguard.train import actions
     from trainguard.train.callback import Callbacks
-    from trainguard.train.loop import Loop
     from trainguard.train.layout import Progress
+    from trainguard.train.loop import Loop
 
     _, model, optimizer, _ = _tiny_training_state()
     root = tmp_path / "ckpts"
