@@ -71,7 +71,7 @@ def codes(run_dir: Path) -> list[str]:
 
 def assert_same_batches_and_losses(run: Path, reference: Path) -> None:
     got, want = rows(run, "step"), rows(reference, "step")
-    assert [r["step"] for r in got] == list(range(1, 13)), "steps replayed or missing"
+    assert [r["step"] for r in got] == list(range(12)), "steps replayed or missing"
     assert [r["batch_hash"] for r in got] == [r["batch_hash"] for r in want]
     for g, w in zip(got, want, strict=True):
         assert g["loss"] == pytest.approx(w["loss"], rel=RTOL), g["step"]

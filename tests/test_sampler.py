@@ -131,8 +131,8 @@ def test_batch_hashes_equal_a_finished_run(finished_tiny_run: Path) -> None:
     )
     rows = [json.loads(line) for line in (finished_tiny_run / "metrics.jsonl").open()]
     logged = {r["step"]: r["batch_hash"] for r in rows if r.get("kind") == "step"}
-    assert sorted(logged) == list(range(1, 13))
-    assert {step: s.batch_hash(step - 1) for step in logged} == logged
+    assert sorted(logged) == list(range(12))  # the run's steps count from 0, as the sampler's
+    assert {step: s.batch_hash(step) for step in logged} == logged
 
 
 # -- ranks, micro-batches, iteration -----------------------------------------------------------
