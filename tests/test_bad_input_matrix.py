@@ -1513,7 +1513,7 @@ class Workspace:
         rows = [{"kind": "event", "step": 0, "event": "start", "env": {"python": "3.11.7"}}]
         rows += [
             {"kind": "step", "step": s, "loss": 5.0 - s / 10 + (s % 3) / 50, "batch_hash": f"b{s}"}
-            for s in range(1, 9)
+            for s in range(8)  # steps count from 0
         ]
         rows.append({"kind": "event", "step": 8, "event": "end"})
         _write(run / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
@@ -1527,7 +1527,7 @@ class Workspace:
             recipe_hash="0" * 16,
             recipe={**keys, "train.lr": 0.5},
             env={},
-            steps=list(range(1, 9)),
+            steps=list(range(8)),
             loss=[5.0 - s / 10 for s in range(1, 9)],
             batch_hash=[None] * 8,
         )
