@@ -419,7 +419,7 @@ ROWS = [
         "reference-record-metrics-row-nested-too-deep",
         *("reference", "record", "{finished_deep}", "--out", "{out}/r.json"),
         exit=0,
-        says=("metrics.jsonl:5: values nest deeper than 64 levels", "wrote"),
+        says=("metrics.jsonl:6: values nest deeper than 64 levels", "wrote"),
         may_create=("out/r.json",),
     ),
     row(
@@ -1595,7 +1595,8 @@ class Workspace:
             run = p[f"finished_{name}"] = root / f"finished-{name}"
             shutil.copytree(p["finished_run"], run)
             lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
-            _write(run / "metrics.jsonl", "".join(lines[:4]) + bad + "".join(lines[4:]))
+            # after step 3's row (the start event, then steps 0-3): the last row of step 3
+            _write(run / "metrics.jsonl", "".join(lines[:5]) + bad + "".join(lines[5:]))
         run = p["run_markup"] = root / "m[" / "b]"  # the run dir `m[/b]`: markup, if read so
         shutil.copytree(p["run_ok"], run)
         rows = [{"step": s, "[/x]": 3.0 - s / 100} for s in range(1, 40)]
