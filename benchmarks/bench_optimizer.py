@@ -27,8 +27,8 @@ from machine import describe
 
 from trainguard.config import load_recipe
 from trainguard.model.gpt import GPT
+from trainguard.train.guarded_run import run_recipe
 from trainguard.train.optim import Muon, orthogonalize, split_params
-from trainguard.train.run import run_recipe
 
 
 def run_one(optimizer: str, steps: int) -> tuple[float, float]:

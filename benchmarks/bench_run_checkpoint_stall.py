@@ -35,11 +35,12 @@ from typing import Any
 
 from machine import describe
 
+import trainguard.train.saving as saving
 import trainguard.train.spine as spine
 from trainguard.checkpoint.checkpointer import Checkpointer
 from trainguard.config import load_recipe
 from trainguard.data.prepare import prepare_data
-from trainguard.train.run import run_recipe
+from trainguard.train.guarded_run import run_recipe
 
 MODES = {
     "queue1": ["checkpoint.async_save=true", "checkpoint.queue=1"],  # the old behaviour
@@ -70,7 +71,7 @@ class Timings:
 def one_run(recipe: Any) -> Timings:
     t = Timings()
     real_save, real_finish, real_step = (
-        spine.save_checkpoint,
+        saving.save_checkpoint,
         spine.finish_checkpoint,
         spine.train_step,
     )
@@ -98,7 +99,7 @@ def one_run(recipe: Any) -> Timings:
     def end(seconds: float) -> None:
         t.end += seconds
 
-    spine.save_checkpoint = timed(real_save, lambda s: t.stall(s, save=True))
+    saving.save_checkpoint = timed(real_save, lambda s: t.stall(s, save=True))
     spine.finish_checkpoint = timed(real_finish, end)  # the spine calls it once, at the end
     spine.train_step = timed(real_step, step_done)
     Checkpointer.wait_copied = wait_copied  # type: ignore[method-assign]
@@ -106,7 +107,7 @@ def one_run(recipe: Any) -> Timings:
         with tempfile.TemporaryDirectory() as run_dir:
             result = run_recipe(recipe, run_dir, progress=False, report=False, evals=False)
     finally:
-        spine.save_checkpoint, spine.finish_checkpoint = real_save, real_finish
+        saving.save_checkpoint, spine.finish_checkpoint = real_save, real_finish
         spine.train_step = real_step
         Checkpointer.wait_copied = real_wait  # type: ignore[method-assign]
     t.skipped = sum(1 for f in result.findings if f.code == "C124")

@@ -26,8 +26,8 @@ from trainguard.config import load_recipe
 from trainguard.data.order import ElasticOrder
 from trainguard.data.prepare import prepare_data
 from trainguard.model.gpt import GPT
+from trainguard.train.guarded_run import run_recipe
 from trainguard.train.optim import build_optimizer
-from trainguard.train.run import run_recipe
 from trainguard.train.schedule import lr_at
 
 

@@ -77,7 +77,7 @@ def loop_without_data(
     guard: Guard | None = None,
 ) -> Loop:
     """A loop over a linear model for what needs no forward pass: checkpoints, rollbacks,
-    callback state. `train_step` needs a trainer (see `tiny_run`)."""
+    callback state. `train_step` needs a StepMath (see `tiny_run`)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -472,7 +472,7 @@ ROWS = [
         "reference-record-metrics-row-nested-too-deep",
         *("reference", "record", "{finished_deep}", "--out", "{out}/r.json"),
         exit=0,
-        says=("metrics.jsonl:5: values nest deeper than 64 levels", "wrote"),
+        says=("metrics.jsonl:6: values nest deeper than 64 levels", "wrote"),
         may_create=("out/r.json",),
     ),
     row(
@@ -1643,7 +1643,7 @@ class Workspace:
         rows = [{"kind": "event", "step": 0, "event": "start", "env": {"python": "3.11.7"}}]
         rows += [
             {"kind": "step", "step": s, "loss": 5.0 - s / 10 + (s % 3) / 50, "batch_hash": f"b{s}"}
-            for s in range(1, 9)
+            for s in range(8)  # steps count from 0
         ]
         rows.append({"kind": "event", "step": 8, "event": "end"})
         _write(run / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
@@ -1657,7 +1657,7 @@ class Workspace:
             recipe_hash="0" * 16,
             recipe={**keys, "train.lr": 0.5},
             env={},
-            steps=list(range(1, 9)),
+            steps=list(range(8)),
             loss=[5.0 - s / 10 for s in range(1, 9)],
             batch_hash=[None] * 8,
         )
@@ -1725,7 +1725,8 @@ class Workspace:
             run = p[f"finished_{name}"] = root / f"finished-{name}"
             shutil.copytree(p["finished_run"], run)
             lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
-            _write(run / "metrics.jsonl", "".join(lines[:4]) + bad + "".join(lines[4:]))
+            # after step 3's row (the start event, then steps 0-3): the last row of step 3
+            _write(run / "metrics.jsonl", "".join(lines[:5]) + bad + "".join(lines[5:]))
         run = p["run_markup"] = root / "m[" / "b]"  # the run dir `m[/b]`: markup, if read so
         shutil.copytree(p["run_ok"], run)
         rows = [{"step": s, "[/x]": 3.0 - s / 100} for s in range(1, 40)]

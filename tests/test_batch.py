@@ -70,7 +70,7 @@ def batch_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (base / "r.yaml").write_text(yaml.safe_dump(recipe))
     res = invoke_cli(
         "run", str(base / "r.yaml"), "--run-dir", str(base / "run"), "-q",
-        env={"TRAINGUARD_INJECT": "nan@6"},
+        env={"TRAINGUARD_INJECT": "nan@5"},  # steps count from 0
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     return base / "run"
@@ -112,7 +112,7 @@ def test_a_rolled_back_step_shows_the_batch_the_guard_refused(batch_run: Path) -
     view = decode_batch(batch_run, 5)
     assert [a["outcome"] for a in view.attempts] == ["rollback", "apply"]
     refused, retrained = (a["position"] for a in view.attempts)
-    assert view.position == refused == 5 * 8  # the NaN came from block 5: the sampler's step 5
+    assert view.position == refused == 5 * 8  # the NaN came from block 5: step 5's
     assert retrained == 6 * 8  # the step was recomputed on the next block
 
 
@@ -121,11 +121,13 @@ def test_positions_missing_from_an_old_log_come_from_the_sampler(
 ) -> None:
     run = tmp_path / "run"
     shutil.copytree(batch_run, run)
-    (run / "run.json").unlink()  # the previous release's run dir: no run record of its own
-    rows = read_metrics(run)
+    (run / "run.json").unlink()  # the previous release's run dir: no run record of its own,
+    rows = read_metrics(run)  # its step and finding rows numbered by completed steps
     for r in rows:
         r.pop("position", None)
         r.pop("bad_positions", None)
+        if r.get("kind") in ("step", "finding") and isinstance(r.get("step"), int):
+            r["step"] += 1
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for step, row in {r["step"]: r for r in _step_rows(batch_run)}.items():
         view = decode_batch(run, step)

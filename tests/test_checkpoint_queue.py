@@ -199,11 +199,12 @@ def test_the_run_trains_on_with_a_save_every_step_until_the_queue_is_full(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """checkpoint.interval 1, queue 3, every write held until step 4 begins: steps 1-3 save
-    and train on with nothing committed (a loop waiting for a write would never reach step 4,
-    and the gate's timeout would let the write go on); the end waits for every write."""
+    """checkpoint.interval 1, queue 3, every write held until step 3 (0-based: the fourth)
+    begins: checkpoints 1-3 are saved and the loop trains on with nothing committed (a loop
+    waiting for a write would never reach step 3, and the gate's timeout would let the write go
+    on); the end waits for every write."""
     gate, timed_out = gated_writes(monkeypatch)
-    opener = OpenAt(gate, 4)
+    opener = OpenAt(gate, 3)
     recipe = recipe_for(max_steps=6, eval_interval=6)
     recipe.checkpoint.interval, recipe.checkpoint.queue, recipe.checkpoint.keep = 1, 3, 10
     run = run_in_process(recipe, tmp_path / "run", [opener])
@@ -221,10 +222,11 @@ def test_the_run_skips_saves_that_would_wait_and_reports_them(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """when_full: skip with a queue of 1 and the first write held until step 4 begins: steps
-    2 and 3 are skipped (C124 in the run's findings), step 4, the last, waits and is saved."""
+    """when_full: skip with a queue of 1 and the first write held until step 3 (0-based: the
+    fourth) begins: checkpoints 2 and 3 are skipped (C124 in the run's findings), checkpoint
+    4, the last, waits and is saved."""
     gate, timed_out = gated_writes(monkeypatch)
-    opener = OpenAt(gate, 4)
+    opener = OpenAt(gate, 3)
     recipe = recipe_for(max_steps=4, eval_interval=4)
     recipe.checkpoint.interval, recipe.checkpoint.keep = 1, 10
     recipe.checkpoint.queue, recipe.checkpoint.when_full = 1, "skip"

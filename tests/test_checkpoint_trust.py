@@ -300,8 +300,9 @@ def test_rollback_falls_back_past_a_state_that_does_not_decode(tmp_path: Path) -
     from trainguard import ElasticSampler
     from trainguard.guard.core import Guard
     from trainguard.guard.decision import Decision
-    from trainguard.train import spine
+    from trainguard.train import actions
     from trainguard.train.callback import Callbacks
+    from trainguard.train.loop import Loop
     from trainguard.train.run_state import RunState
 
     _, model, optimizer, _ = _tiny_training_state()
@@ -321,8 +322,8 @@ def test_rollback_falls_back_past_a_state_that_does_not_decode(tmp_path: Path) -
     ctx = context(tmp_path / "run", model, optimizer)
     ctx.progress = progress
     progress.step = 9
-    loop = spine.Loop(ctx, None, sampler, guard, checkpointer, callbacks, state)
-    spine.roll_back(loop, Decision(9, "rollback", []))
+    loop = Loop(ctx, None, sampler, guard, checkpointer, callbacks, state)  # type: ignore[arg-type]
+    actions.roll_back(loop, Decision(9, "rollback", []))
     assert ctx.step == 4
     (c111,) = [f for f in ctx.findings if f.code == "C111"]
     assert c111.step == 8 and "state['optimizer']" in c111.message

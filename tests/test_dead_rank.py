@@ -171,7 +171,7 @@ def test_hang_in_a_short_step_is_named_well_under_a_minute(tmp_path: Path) -> No
 def test_run_names_the_killed_rank_and_its_signal(tiny_recipe: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     args = ["run", str(tiny_recipe), "--run-dir", str(run), "-q", "--nproc", "2"]
-    res = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@6:data/r1"}, timeout=400)
+    res = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@5:data/r1"}, timeout=400)
     assert res.returncode != 0
     # The launcher names the dead worker with the signal the agent saw.
     lines = [x for x in res.stderr.splitlines() if x.startswith("R302: ")]

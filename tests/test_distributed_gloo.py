@@ -71,7 +71,7 @@ def codes(run_dir: Path) -> list[str]:
 
 def assert_same_batches_and_losses(run: Path, reference: Path) -> None:
     got, want = rows(run, "step"), rows(reference, "step")
-    assert [r["step"] for r in got] == list(range(1, 13)), "steps replayed or missing"
+    assert [r["step"] for r in got] == list(range(12)), "steps replayed or missing"
     assert [r["batch_hash"] for r in got] == [r["batch_hash"] for r in want]
     for g, w in zip(got, want, strict=True):
         assert g["loss"] == pytest.approx(w["loss"], rel=RTOL), g["step"]
@@ -82,12 +82,12 @@ def test_elastic_resume_2_then_1_then_2_processes(
 ) -> None:
     run = tmp_path / "elastic"
     args = ["run", str(tiny_recipe), "--run-dir", str(run), "-q", *CHECKS]
-    # 2 processes, killed at step 6 (checkpoint at 4): the launcher reports the failure.
-    res = run_cli(*args, "--nproc", "2", env={"TRAINGUARD_INJECT": "kill@6:data"})
+    # 2 processes, killed at step 5 (0-based; checkpoint 4): the launcher reports the failure.
+    res = run_cli(*args, "--nproc", "2", env={"TRAINGUARD_INJECT": "kill@5:data"})
     assert res.returncode != 0, why(res)
-    assert [r["step"] for r in rows(run, "step")] == [1, 2, 3, 4, 5]
-    # 1 process resumes from step 4, killed at step 10 (checkpoint at 8).
-    res = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@10:data"})
+    assert [r["step"] for r in rows(run, "step")] == [0, 1, 2, 3, 4]
+    # 1 process resumes from checkpoint 4, killed at step 9 (checkpoint 8).
+    res = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@9:data"})
     assert res.returncode == -signal.SIGKILL, why(res)
     # 2 processes again, to the end.
     res = run_cli(*args, "--nproc", "2", "--json")
@@ -98,7 +98,7 @@ def test_elastic_resume_2_then_1_then_2_processes(
     assert_same_batches_and_losses(run, finished_tiny_run)
     found = codes(run)
     assert found.count("C150") == 2  # resumed twice
-    # Replayed steps 5 and 9 read the batches the other world size had logged (else D110);
+    # Replayed steps 4 and 8 read the batches the other world size had logged (else D110);
     # the replica and straggler checks ran every 2 steps and found nothing.
     assert not {"D110", "H201", "H202", "R301"} & set(found), found
     assert len(rows(run, "event")) and any(
@@ -136,28 +136,29 @@ def test_drills_bitflip_straggler_and_hung_rank(tiny_recipe: Path, tmp_path: Pat
         "distributed.collective_timeout_s=8",
         "--set",
         "distributed.hang_timeout_s=4",
-        env={"TRAINGUARD_INJECT": "bitflip@5/r1,slow@9/r2,sleep@13/r1"},
+        env={"TRAINGUARD_INJECT": "bitflip@4/r1,slow@8/r2,sleep@12/r1"},  # steps from 0
     )
     assert res.returncode == 3, why(res)  # the hung-rank exit, for a restart
     findings = rows(run, "finding")
     by_code = {c: [f for f in findings if f["code"] == c] for c in ("H201", "H202", "R301")}
     assert sorted(f["code"] for f in findings) == ["H201", "H202", "R301"], findings
 
-    (h201,) = by_code["H201"]  # found at the first check after the flip, named by majority
-    assert h201["rank"] == 1 and h201["step"] == 6 and h201["data"]["suspect_ranks"] == [1]
+    # Found by the check of the flipped step itself (steps 0, 2, 4...), named by majority.
+    (h201,) = by_code["H201"]
+    assert h201["rank"] == 1 and h201["step"] == 4 and h201["data"]["suspect_ranks"] == [1]
     assert h201["where"]  # the host
     rollbacks = [r for r in rows(run, "event") if r.get("event") == "rollback"]
-    assert [(r["from_step"], r["to_step"]) for r in rollbacks] == [(6, 4)]
+    assert [(r["from_step"], r["to_step"]) for r in rollbacks] == [(4, 4)]
 
-    (h202,) = by_code["H202"]
-    assert h202["rank"] == 2 and h202["step"] == 10
+    (h202,) = by_code["H202"]  # scored after steps 0, 2, 4...: the window with step 8, or next
+    assert h202["rank"] == 2 and h202["step"] in (8, 10)
 
     (r301,) = by_code["R301"]  # rank 0 names the rank that never reached the barrier
-    assert r301["rank"] == 1 and r301["step"] == 13 and r301["data"]["missing_ranks"] == [1]
+    assert r301["rank"] == 1 and r301["step"] == 12 and r301["data"]["missing_ranks"] == [1]
     stack = run / r301["data"]["stack_file"]
     assert "Thread" in stack.read_text() or "thread" in stack.read_text()
     # The steps before the hang were all logged once (after the rollback's recomputation).
-    assert sorted({r["step"] for r in rows(run, "step")}) == list(range(1, 13))
+    assert sorted({r["step"] for r in rows(run, "step")}) == list(range(12))
 
 
 @pytest.mark.slow  # the store faults run in CI through tests/test_distributed_store.py
@@ -178,7 +179,7 @@ def test_checkpoints_on_s3_resume_with_two_processes(
         run = tmp_path / "s3run"
         env = {"TRAINGUARD_CACHE": str(tmp_path / "tgcache")}  # the download caches
         args = ["run", str(path), "--run-dir", str(run), "-q"]
-        res = run_cli(*args, env={**env, "TRAINGUARD_INJECT": "kill@6:data"})
+        res = run_cli(*args, env={**env, "TRAINGUARD_INJECT": "kill@5:data"})
         assert res.returncode == -signal.SIGKILL, why(res)
         assert not (run / "checkpoints").exists()  # nothing written locally
         assert fs.exists("ckpts/tiny/step-4/manifest.json")

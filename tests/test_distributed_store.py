@@ -33,7 +33,7 @@ def test_run_and_resume_through_an_unreliable_store(
     from s3_server import make_bucket, s3_server, storage_options
     from test_checkpoint_s3 import FaultyFS, all_committed_valid
     from trainguard.config.load import validate_recipe
-    from trainguard.train.run import run_recipe
+    from trainguard.train.guarded_run import run_recipe
 
     faulty: list[FaultyFS] = []
     real_open = store_module.open_filesystem

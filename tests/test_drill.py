@@ -16,8 +16,10 @@ from trainguard.drills.scenarios import DRILLS
 # under pytest-xdist the module's tests run on one worker, so its module fixture is built once
 pytestmark = pytest.mark.xdist_group("test_drill")
 
-STEPS = 36  # checkpoints every 6 steps; faults land at step 24 (spike history: 23 steps)
-INTERVAL, FAULT = STEPS // 6, 4 * (STEPS // 6)
+# Checkpoints every 6 steps; faults land at step 23 (0-based: the 24th step, after which
+# checkpoint 24 is saved; spike history: 23 steps).
+STEPS = 36
+INTERVAL, FAULT = STEPS // 6, 4 * (STEPS // 6) - 1
 # The multi-process drills have their own module (tests/test_drill_multiproc.py).
 SINGLE_PROCESS = [n for n in DRILLS if n not in MULTIPROC_DRILLS and n != "clean"]
 
@@ -128,7 +130,7 @@ def test_spike_batch_is_caught_before_the_update_and_skipped(full_drill_result: 
 def test_kill_mid_checkpoint_relaunch_resumes_bitwise(drill_result: dict) -> None:
     r = row(drill_result, "kill_checkpoint")
     assert r["detected_ok"] and r["recovered"], r["note"]
-    assert r["steps_lost"] == INTERVAL  # checkpoint FAULT never committed: back to FAULT-6
+    assert r["steps_lost"] == INTERVAL  # checkpoint F+1 never committed: back to F+1-6
     # Auto-resume is deterministic: the relaunched run ends on the clean run's exact loss.
     assert r["final_loss"] == row(drill_result, "clean")["final_loss"]
 
@@ -138,8 +140,8 @@ def test_kill_mid_checkpoint_relaunch_resumes_bitwise(drill_result: dict) -> Non
     "name,lost",
     [
         ("kill_step", INTERVAL // 2 - 1),  # killed in step FAULT+3's backward: 2 steps redone
-        ("kill_checkpoint", INTERVAL),  # checkpoint FAULT never committed: back to FAULT-6
-        ("corrupt_checkpoint", INTERVAL),  # checkpoint FAULT corrupt: back to FAULT-6
+        ("kill_checkpoint", INTERVAL),  # checkpoint F+1 never committed: back to F+1-6
+        ("corrupt_checkpoint", INTERVAL),  # checkpoint F+1 corrupt: back to F+1-6
         ("hang", INTERVAL // 2 - 1),
     ],
 )
@@ -154,7 +156,7 @@ def test_crash_relaunch_resumes_bitwise(full_drill_result: dict, name: str, lost
 def test_corrupt_checkpoint_is_named_and_skipped(full_drill_result: dict) -> None:
     r = row(full_drill_result, "corrupt_checkpoint")
     assert "C101" in r["detected"]
-    assert f"auto-resume from step {FAULT - INTERVAL}" in r["action"]
+    assert f"auto-resume from step {FAULT + 1 - INTERVAL}" in r["action"]
 
 
 @pytest.mark.slow

@@ -19,8 +19,8 @@ from trainguard.drills.scenarios import DRILLS
 # timing-based (stragglers, hangs, watchdogs, doctor): one after the other on one worker under xdist
 pytestmark = pytest.mark.xdist_group("timing-serial")
 
-STEPS = 36  # checkpoints every 6 steps; faults land at step 24 (F) or 27 (F + I/2)
-INTERVAL, FAULT = STEPS // 6, 4 * (STEPS // 6)
+STEPS = 36  # checkpoints every 6 steps; faults land at step 23 (F, 0-based) or 26 (F + I/2)
+INTERVAL, FAULT = STEPS // 6, 4 * (STEPS // 6) - 1  # F: 0-based, checkpoint F+1 after it
 
 
 def tiny_settings(corpus: Path, cache: Path) -> list[str]:
@@ -62,8 +62,9 @@ def test_incomparable_row_says_so_and_recovers_by_finishing() -> None:
 def test_replica_corruption_drill_names_rank_1_and_rolls_back(
     small_corpus: Path, cache_dir: Path, tmp_path: Path
 ) -> None:
-    """bitflip@F+1/r1 on 3 ranks: the replica check at F+2 names rank 1 (H201), every rank
-    rolls back to checkpoint F, and the job finishes all its steps."""
+    """bitflip@F+1/r1 on 3 ranks (after step F+1's update): the replica check of that very
+    step (every 2 steps, from step 0) names rank 1 (H201), every rank rolls back to checkpoint
+    F+1 (saved after step F), and the job finishes all its steps."""
     ctx = DrillContext(
         overrides=tiny_settings(small_corpus, cache_dir), plan=DrillPlan(STEPS), workdir=tmp_path
     )
@@ -71,13 +72,13 @@ def test_replica_corruption_drill_names_rank_1_and_rolls_back(
     assert isinstance(row, MultiProcRow)
     assert row.detected == ["H201"], row.note
     assert row.inject == f"bitflip@{FAULT + 1}/r1"
-    assert row.steps_to_detect == 1  # checked every 2 steps
+    assert row.steps_to_detect == 0  # checked every 2 steps: F+1 is one of them
     assert row.action.startswith("rank 1 (")  # the rank and its host
-    assert f"rolled back {FAULT + 2}->{FAULT}" in row.action and row.steps_lost == 2
+    assert f"rolled back {FAULT + 1}->{FAULT + 1}" in row.action and row.steps_lost == 1
     assert row.finished and row.repaired and row.recovered and row.ok, row.note
     assert row.cells()[-1].startswith("n/a: 3 ranks need batch 6")
     events = [e for e in ctx_rows(tmp_path / "replica") if e.get("event") == "rollback"]
-    assert [(e["from_step"], e["to_step"]) for e in events] == [(FAULT + 2, FAULT)]
+    assert [(e["from_step"], e["to_step"]) for e in events] == [(FAULT + 1, FAULT + 1)]
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,8 @@ def test_slow_drills_pass(slow_drills: dict) -> None:
 def test_straggler_is_named_and_reported(slow_drills: dict) -> None:
     r = row(slow_drills, "straggler")
     assert r["detected"][0] == "H202" and r["inject"] == f"slow@{FAULT}/r1"
-    assert r["steps_to_detect"] in (0, 2)  # the interval that contains step F, or the next
+    # Scored after steps 0, 2, 4...: the interval that contains step F (ends at F+1), or the next
+    assert r["steps_to_detect"] in (1, 3)
     assert r["action"].startswith("reported: rank 1 (") and "training went on" in r["action"]
     assert r["steps_lost"] == 0 and r["finished"] and r["recovered"]
     # 2 ranks at the clean run's batch size: the same batches, the same loss (to rounding).
@@ -135,10 +137,10 @@ def test_hung_rank_is_named_dumped_and_resumed(slow_drills: dict) -> None:
     assert r["steps_to_detect"] == 0
     assert r["action"].startswith("R301 rank 1 (")
     assert "stacks of rank 0, 1 dumped, exit 3" in r["action"]
-    assert f"auto-resume from step {FAULT}" in r["action"]
+    assert f"auto-resume from step {FAULT + 1}" in r["action"]
     assert r["steps_lost"] == step - 1 - FAULT and r["recovered"], r["note"]
     assert r["loss_ratio"] == pytest.approx(1.0, abs=1e-4)
-    # Rank 0's report of the dead job (its metric log rewinds to step F on resume).
+    # Rank 0's report of the dead job (its metric log rewinds to checkpoint F+1 on resume).
     run_dir = slow_drills["workdir"] / "hung_rank"
     (report,) = run_dir.glob("hang-*-rank0.json")
     r301 = json.loads(report.read_text(encoding="utf-8"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-import trainguard.train.run as run_module
+import trainguard.train.guarded_run as run_module
 from trainguard.config.load import validate_recipe
 from trainguard.train.envinfo import (
     BITWISE_KEYS,
@@ -18,7 +18,7 @@ from trainguard.train.envinfo import (
     environment_changes,
     environment_fingerprint,
 )
-from trainguard.train.run import run_recipe
+from trainguard.train.guarded_run import run_recipe
 
 GPU_KEYS = ("cuda", "cudnn", "nccl", "driver")
 

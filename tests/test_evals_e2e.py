@@ -25,7 +25,7 @@ def test_eval_on_a_real_run_and_builtin_lints_clean(finished_tiny_run):
 def test_scale_run_real_grid(tiny_recipe, tmp_path):
     """Two real guarded runs (run_recipe) of different sizes, rows appended to the CSV."""
     from trainguard.scaling.grid import parse_grid, read_runs_csv, run_grid
-    from trainguard.train.run import run_recipe
+    from trainguard.train.guarded_run import run_recipe
 
     def runner(recipe, run_dir):
         return run_recipe(recipe, run_dir, progress=False)

@@ -16,16 +16,25 @@ import torch.nn.functional as F
 from runhelpers import tiny_recipe_dict
 from trainguard.config.load import validate_recipe
 from trainguard.data.prepare import prepare_data
-from trainguard.train.compute import Trainer
+from trainguard.data.sampler import ElasticSampler
+from trainguard.train.compute import StepMath
+from trainguard.train.guarded_run import build_model
 from trainguard.train.optim import build_optimizer
-from trainguard.train.run import build_model
 
 
 def _trainer(small_corpus, cache_dir):
     recipe = validate_recipe(tiny_recipe_dict(small_corpus, cache_dir))
     data = prepare_data(recipe.data, recipe.tokenizer, progress=False)
     model = build_model(recipe, data.vocab_size, torch.device("cpu"))
-    trainer = Trainer(recipe, model, build_optimizer(recipe, model), data.train, data.val)
+    t = recipe.train
+    sampler = ElasticSampler(
+        data.train.num_samples(recipe.data.seq_len),
+        global_batch_size=t.batch_size * t.grad_accum,
+        seed=t.seed,
+        micro_batch_size=t.batch_size,
+    )
+    opt = build_optimizer(recipe, model)
+    trainer = StepMath(recipe, model, opt, data.train, data.val, sampler)
     return recipe, data, model, trainer
 
 
@@ -39,8 +48,8 @@ def test_evaluate_reads_the_validation_split(small_corpus, cache_dir):
     recipe, data, model, trainer = _trainer(small_corpus, cache_dir)
     T = recipe.data.seq_len
     # Train a little, so the model tells the splits apart (an untrained model scores ~ln V on both).
-    for step in range(1, 9):
-        trainer.forward_backward(step, (step - 1) * recipe.train.batch_size)
+    for step in range(8):
+        trainer.forward_backward(step, step * recipe.train.batch_size)
         trainer.apply_update(step)
     n_val = data.val.num_samples(T)
     n = min(n_val, recipe.train.eval_batches * recipe.train.batch_size)
@@ -65,10 +74,10 @@ def test_evaluate_leaves_training_bitwise_unchanged(small_corpus, cache_dir):
     for evaluate in (False, True):
         recipe, _, model, trainer = _trainer(small_corpus, cache_dir)
         run = []
-        for step in range(1, 5):
+        for step in range(4):
             if evaluate:
                 trainer.evaluate()
-            run.append(trainer.forward_backward(step, (step - 1) * 8).loss)
+            run.append(trainer.forward_backward(step, step * 8).loss)
             trainer.apply_update(step)
         losses.append(run)
     assert losses[0] == losses[1]

@@ -73,9 +73,9 @@ FLOORS: dict[str, int] = {
 # entry that no longer matches an import fails the test, so this list only shrinks.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
-# `train/run.py` is the top of the run: only the command line (and the lazy public name
+# `train/guarded_run.py` is the top of the run: only the command line (and the lazy public name
 # `trainguard.run_recipe`) may import it; parts get a narrow context instead (issue 11).
-RUN = "trainguard.train.run"
+RUN = "trainguard.train.guarded_run"
 ALLOWED_RUN_IMPORTERS: dict[str, str] = {}  # callbacks get a narrow context instead
 
 # Circles between modules that are known and justified in docs/architecture.md ("Circles"): the
@@ -437,7 +437,7 @@ def test_a_planted_upward_import_is_named(tmp_path):
             "trainguard/errors.py": "",
             "trainguard/guard/core.py": "from trainguard.errors import x\n",
             "trainguard/train/__init__.py": "",
-            "trainguard/train/run.py": "",
+            "trainguard/train/guarded_run.py": "",
             "trainguard/guard/__init__.py": "from trainguard.guard import core\n",
             "trainguard/guard/config.py": "",
             "trainguard/data/__init__.py": "",
@@ -447,9 +447,9 @@ def test_a_planted_upward_import_is_named(tmp_path):
                 if TYPE_CHECKING:
                     from trainguard.guard.core import Guard
                 def late():
-                    from ..train import run
+                    from ..train import guarded_run
                     import importlib
-                    importlib.import_module("trainguard.train.run")
+                    importlib.import_module("trainguard.train.guarded_run")
                 from trainguard import Guard as G
                 """,
             "trainguard/nowhere/__init__.py": "",
@@ -460,10 +460,10 @@ def test_a_planted_upward_import_is_named(tmp_path):
     text = "\n".join(upward)
     corpus = "trainguard/data/corpus.py:{}: trainguard.data.corpus"
     assert corpus.format(4) + " (floor 2) imports trainguard.guard.core (floor 3)" in text
-    assert corpus.format(6) + " (floor 2) imports trainguard.train.run (floor 4)" in text
-    assert corpus.format(8) + " (floor 2) imports trainguard.train.run (floor 4)" in text
+    assert corpus.format(6) + " (floor 2) imports trainguard.train.guarded_run (floor 4)" in text
+    assert corpus.format(8) + " (floor 2) imports trainguard.train.guarded_run (floor 4)" in text
     assert corpus.format(9) + " (floor 2) imports trainguard.guard.core (floor 3)" in text
-    assert corpus.format(6) + " imports trainguard.train.run (only the CLI may)" in text
+    assert corpus.format(6) + " imports trainguard.train.guarded_run (only the CLI may)" in text
     # guard/ holds a config.py (floor 1): its __init__ runs for the config, so it may not
     # import the Guard.
     assert "trainguard.guard (floor 1) imports trainguard.guard.core (floor 3)" in text

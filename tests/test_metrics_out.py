@@ -188,14 +188,14 @@ def test_wandb_sink_offline(tmp_path: Path, monkeypatch) -> None:
 # --- `trainguard run` with a fault, TensorBoard (and W&B when installed) -------------------------
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory, small_corpus: Path, cache_dir: Path) -> Path:
-    """A tiny run with a NaN batch at step 5, logging to RUN/tb. (W&B goes through the same
-    fan-out; its sink is tested on its own above, sparing the suite a wandb start-up.)"""
+    """A tiny run with a NaN batch at step 4 (the fifth), logging to RUN/tb. (W&B goes through
+    the same fan-out; its sink is tested on its own above, sparing the suite a wandb start-up.)"""
     base = tmp_path_factory.mktemp("faulty")
     recipe = tiny_recipe_dict(small_corpus, cache_dir)
     recipe["train"]["max_steps"] = 8  # checkpoints at 4 and 8, evaluations at 6 and 8
     recipe["metrics"] = {"tb_dir": "tb"}
     (base / "tiny.yaml").write_text(yaml.safe_dump(recipe))
-    env = {"TRAINGUARD_INJECT": "nan@5"}
+    env = {"TRAINGUARD_INJECT": "nan@4"}
     res = invoke_cli("run", str(base / "tiny.yaml"), "--run-dir", str(base / "run"), "-q", env=env)
     assert res.returncode == 0, res.stderr
     return base / "run"
@@ -203,12 +203,12 @@ def faulty_run(tmp_path_factory, small_corpus: Path, cache_dir: Path) -> Path:
 
 def test_run_writes_metrics_and_findings_to_tensorboard(faulty_run: Path) -> None:
     loss = tb_scalars(faulty_run / "tb", "train/loss")
-    assert sorted(loss) == list(range(1, 9)) and math.isnan(loss[5])
+    assert sorted(loss) == list(range(8)) and math.isnan(loss[4])  # steps count from 0
     rows = {r["step"]: r for r in read_metrics(faulty_run) if r["kind"] == "step"}
     assert loss[7] == pytest.approx(rows[7]["loss"], rel=1e-6)  # the same rows as the JSONL
-    assert sorted(tb_scalars(faulty_run / "tb", "eval/val_loss")) == [6, 8]
+    assert sorted(tb_scalars(faulty_run / "tb", "eval/val_loss")) == [6, 8]  # steps done
     texts = tb_texts(faulty_run / "tb")
-    assert ("R101", 5) in texts and ("R201", 5) in texts
+    assert ("R101", 4) in texts and ("R201", 4) in texts
     # ... and `watch` reads the run's TensorBoard output back to the same finding.
     from typer.testing import CliRunner
 
@@ -217,7 +217,7 @@ def test_run_writes_metrics_and_findings_to_tensorboard(faulty_run: Path) -> Non
     res = CliRunner().invoke(app, ["watch", str(faulty_run / "tb"), "--json"])
     assert res.exit_code == 1, res.output
     found = {(f["code"], f["step"]) for f in json.loads(res.output)["findings"]}
-    assert ("R101", 5) in found
+    assert ("R101", 4) in found
 
 
 def test_run_sinks_follow_the_recipe(tmp_path: Path) -> None:
@@ -243,8 +243,7 @@ def test_report_marks_findings_and_non_finite_values(faulty_run: Path) -> None:
     assert any(r["loss"] == "nan" for r in info["steps"])  # as metrics.jsonl stores NaN
     fig = plots.loss_figure(info["steps"], info["evals"], info["findings"])
     marks = {c.get_gid(): c for c in fig.axes[0].collections if c.get_gid()}
-    # nan@5 hits the fifth step: the run logs it as 5 (completed steps), the record reader
-    # gives every tool 0-based steps: 4.
+    # nan@4 hits the step of index 4 (the fifth): every tool sees 0-based steps.
     assert [x for x, _ in marks["non-finite"].get_offsets()] == [4.0]
     assert {x for x, _ in marks["findings-error"].get_offsets()} == {4.0}  # R101
     assert {x for x, _ in marks["findings-info"].get_offsets()} >= {4.0}  # R201 skip

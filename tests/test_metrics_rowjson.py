@@ -75,10 +75,29 @@ def test_truncate_after_survives_deep_and_hashless_rows(tmp_path: Path) -> None:
     nohash = json.dumps({"kind": "step", "step": 4, "loss": 1.0})
     lines = [GOOD[0], GOOD[1], DEEP, nohash, BIG]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    dropped = MetricsLog(tmp_path).truncate_after(2)
+    # A resume from 3 completed steps: the rows of steps 3 on (counted from 0) are dropped.
+    dropped = MetricsLog(tmp_path).truncate_after(3)
     assert [r["step"] for r in dropped] == [4, 3]
     kept = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert kept == [*GOOD, DEEP]  # a line no reader can use is still the log's: never dropped
+
+
+def test_truncate_after_a_checkpoint_drops_the_steps_it_recomputes(tmp_path: Path) -> None:
+    """Step and finding rows count steps from 0; evaluations and events the completed steps
+    they follow. A resume from checkpoint 3 recomputes step 3: its rows go, the evaluation
+    and the checkpoint event of 3 completed steps stay."""
+    rows = [
+        {"kind": "step", "step": 2, "loss": 1.0},
+        {"kind": "eval", "step": 3, "val_loss": 1.0},
+        {"kind": "event", "step": 3, "event": "checkpoint"},
+        {"kind": "step", "step": 3, "loss": 1.0},
+        {"kind": "finding", "step": 3, "code": "R101"},
+        {"kind": "eval", "step": 4, "val_loss": 1.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dropped = MetricsLog(tmp_path).truncate_after(3)
+    assert dropped == rows[3:]
+    assert read_metrics(tmp_path) == rows[:3]
 
 
 def test_truncate_after_drops_only_a_torn_last_line(tmp_path: Path) -> None:

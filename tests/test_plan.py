@@ -228,24 +228,25 @@ def test_run_dir_gives_the_measured_numbers(finished_tiny_run: Path) -> None:
 
 def test_stall_is_the_extra_time_after_checkpoint_steps(tmp_path: Path) -> None:
     """Steps end every 1.0 s, 3.5 s after a checkpoint step (every 4): the stall is 2.5 s.
-    Neither the evaluation after step 6 nor the two resumes from steps 4 and 8 (100 s each,
+    Neither the evaluation after step 5 nor the two resumes from checkpoints 4 and 8 (100 s each,
     the findings a resume logs before its first step) count as stalls, though a resume always
     follows a checkpoint step."""
     from trainguard.goodput.measure import measure_run
 
     (tmp_path / "recipe.yaml").write_text("checkpoint:\n  interval: 4\n")
     rows, t = [{"kind": "event", "step": 0, "event": "start", "env": {"world_size": 2}}], 0.0
-    for s in range(1, 14):
-        t += 3.5 if (s - 1) % 4 == 0 and s > 1 else 1.0
-        if s == 7:
-            t += 9.0  # after step 6's evaluation
-        if s in (5, 9):  # killed after the save, resumed from it
-            rows.append({"kind": "finding", "code": "C150", "step": s - 1})
+    for s in range(13):  # steps count from 0; checkpoints after steps 3, 7, 11
+        t += 3.5 if s % 4 == 0 and s > 0 else 1.0
+        if s == 6:
+            t += 9.0  # after the evaluation of 6 steps done
+        if s in (4, 8):  # killed after the save, resumed from it
+            rows.append({"kind": "finding", "code": "C150", "step": s})
             t += 100.0
         rows.append({"kind": "step", "step": s, "step_time_s": 0.8, "time": t})
-        if s == 6:
+        if s == 5:
             rows.append({"kind": "eval", "step": 6})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "run.json").write_text('{"schema_version": 2}')  # rows counted from 0
     m = measure_run(tmp_path)
     assert m.stall_s == pytest.approx(2.5)
     assert m.step_s == pytest.approx(0.8)

@@ -182,7 +182,7 @@ def test_a_resume_reruns_only_the_checks_whose_inputs_changed(
     """A real run with pre-flight: resuming (train.max_steps raised, as a resume may) reads every
     result back, the same as the first run's; an edited eval spec file re-runs the two checks
     that read it (eval lint, contamination) and nothing else."""
-    from trainguard.train.run import run_recipe
+    from trainguard.train.guarded_run import run_recipe
 
     spec = tmp_path / "next_line.yaml"
     shipped = resources.files("trainguard") / "recipes" / "evals" / "python_next_line.yaml"
@@ -222,7 +222,7 @@ def test_set_determinism_leaves_inductor_unimported_and_deterministic(tmp_path: 
     code = """
 import sys
 from trainguard.config.load import load_recipe
-from trainguard.train.run import set_determinism
+from trainguard.train.guarded_run import set_determinism
 import torch
 set_determinism(load_recipe("default"))
 assert torch.are_deterministic_algorithms_enabled()

@@ -14,7 +14,7 @@ from runhelpers import invoke_cli
 from trainguard.config.load import load_recipe
 from trainguard.reference.catalog import CATALOG, ci_settings, reference_path
 from trainguard.reference.record import record_reference
-from trainguard.train.run import run_recipe
+from trainguard.train.guarded_run import run_recipe
 
 REFERENCE_CODES = ("R501", "R502", "R503", "R504", "R505")
 

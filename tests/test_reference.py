@@ -36,17 +36,17 @@ def reference(loss: np.ndarray | None = None) -> ReferenceCurve:
         recipe_hash="0" * 16,
         recipe={"train.lr": 0.001},
         env={"python": "3.11.7"},
-        steps=list(range(1, len(loss) + 1)),
+        steps=list(range(len(loss))),  # steps count from 0
         loss=[float(x) for x in loss],
-        batch_hash=[f"batch-{i}" for i in range(1, len(loss) + 1)],
+        batch_hash=[f"batch-{i}" for i in range(len(loss))],
         data_identity={"tokenizer_hash": "t", "splits": {"train": {"n_tokens": 10}}},
     )
 
 
 def feed(monitor: ReferenceMonitor, loss: np.ndarray, steps=None) -> list[Finding]:
     out: list[Finding] = []
-    for step in steps or range(1, len(loss) + 1):
-        out += monitor.update(step, {"loss": float(loss[step - 1]), "batch_hash": f"batch-{step}"})
+    for step in range(len(loss)) if steps is None else steps:
+        out += monitor.update(step, {"loss": float(loss[step]), "batch_hash": f"batch-{step}"})
     return out
 
 
@@ -73,21 +73,22 @@ def test_paired_rerun_with_rounding_differences_stays_in_the_band() -> None:
     monitor = ReferenceMonitor(ref)
     found = feed(monitor, np.asarray(ref.loss) + rounding)
     assert codes(found) == ["R506"]
-    assert found[0].step == N and "within the band" in found[0].message
+    assert found[0].step == N - 1 and "within the band" in found[0].message
     assert not found[0].data["bitwise_equal"]
 
 
 def test_a_sustained_shift_of_one_noise_unit_is_caught_at_its_first_step() -> None:
     ref = reference()
     run = np.asarray(ref.loss).copy()
-    run[99:] += SIGMA  # from step 100 on, the loss is one noise unit higher
+    run[99:] += SIGMA  # from step 99 on, the loss is one noise unit higher
     monitor = ReferenceMonitor(ref, interval=10)
     found = feed(monitor, run)
     band = [f for f in found if f.code == "R501"]
     assert len(band) == 1, codes(found)
     assert band[0].severity == "error"
-    assert 100 <= band[0].data["first_step"] <= 103  # the CUSUM's onset
-    assert band[0].data["verdict_step"] % 10 == 0 and band[0].data["direction"] == "above"
+    assert 99 <= band[0].data["first_step"] <= 102  # the CUSUM's onset
+    # Verdicts after every 10 steps done: steps 9, 19, ...
+    assert (band[0].data["verdict_step"] + 1) % 10 == 0 and band[0].data["direction"] == "above"
     assert band[0].data["mean_difference"] == pytest.approx(SIGMA, rel=0.35)
     # The same shift of half the allowance accumulates nothing.
     quiet = np.asarray(ref.loss).copy()
@@ -99,11 +100,11 @@ def test_bitwise_departure_names_its_step_and_the_drift_next_to_it() -> None:
     ref = reference()
     drift = Finding.of("H101", "software changed since the reference: git_revision a -> b")
     run = np.asarray(ref.loss).copy()
-    run[16] = np.nextafter(run[16], np.inf)  # one ulp at step 17
+    run[16] = np.nextafter(run[16], np.inf)  # one ulp at step 16
     found = feed(ReferenceMonitor(ref, bitwise=True, drift=[drift]), run)
     assert codes(found) == ["R502", "H101", "R506"]
-    assert found[0].step == 17 and found[0].data["first_step"] == 17
-    assert found[1].step == 17  # the environment differences, at the departure
+    assert found[0].step == 16 and found[0].data["first_step"] == 16
+    assert found[1].step == 16  # the environment differences, at the departure
     # Without the bitwise expectation one ulp is nothing; with it and no change, all equal.
     assert codes(feed(ReferenceMonitor(ref), run)) == ["R506"]
     clean = feed(ReferenceMonitor(ref, bitwise=True), np.asarray(ref.loss))
@@ -114,12 +115,12 @@ def test_other_batches_stop_the_comparison() -> None:
     ref = reference()
     monitor = ReferenceMonitor(ref, bitwise=True)
     out = []
-    for step in range(1, 40):
-        batch = f"batch-{step}" if step < 30 else f"other-{step}"
-        out += monitor.update(step, {"loss": ref.loss[step - 1] + 1.0, "batch_hash": batch})
-    # Step 1 already departs bitwise; at step 30 the batches differ and nothing more is said.
-    assert codes(out)[-1] == "R504" and out[-1].step == 30
-    assert monitor.update(40, {"loss": 99.0}) == []
+    for step in range(39):
+        batch = f"batch-{step}" if step < 29 else f"other-{step}"
+        out += monitor.update(step, {"loss": ref.loss[step] + 1.0, "batch_hash": batch})
+    # Step 0 already departs bitwise; at step 29 the batches differ and nothing more is said.
+    assert codes(out)[-1] == "R504" and out[-1].step == 29
+    assert monitor.update(39, {"loss": 99.0}) == []
 
 
 def test_other_data_is_not_compared() -> None:
@@ -138,19 +139,19 @@ def test_state_resumes_the_comparison_and_replayed_steps_are_ignored() -> None:
     run[99:] += SIGMA
     whole = feed(ReferenceMonitor(ref), run)
     first = ReferenceMonitor(ref)
-    part = feed(first, run, range(1, 106))
+    part = feed(first, run, range(105))
     state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
     second = ReferenceMonitor(ref)
     second.load_state_dict(state)
     # A rollback or a resume replays steps the checkpoint had already compared.
-    rest = feed(second, run, range(101, N + 1))
+    rest = feed(second, run, range(100, N))
     assert [(f.code, f.step, f.message) for f in part + rest] == [
         (f.code, f.step, f.message) for f in whole
     ]
     # A state saved against another reference is not applied.
     other = ReferenceMonitor(reference(curve_losses(seed=9)))
     other.load_state_dict(state)
-    assert other.last_step == 0
+    assert other.last_step == -1  # nothing compared yet
 
 
 # -- the reference file -------------------------------------------------------------------------
@@ -168,7 +169,7 @@ def test_reference_file_round_trip_and_refusals(tmp_path: Path) -> None:
             text.replace(json.dumps(ref.loss[5]), json.dumps(ref.loss[5] + 0.1)),
             "checksum",
         ),
-        "another format": (text.replace("trainguard-reference/1", "other/1"), "not a trainguard"),
+        "another format": (text.replace("trainguard-reference/2", "other/2"), "not a trainguard"),
         "empty": ("", "is truncated"),
     }
     for what, (content, expected) in cases.items():
@@ -188,6 +189,25 @@ def test_reference_file_round_trip_and_refusals(tmp_path: Path) -> None:
         load_reference(short.save(tmp_path / "short.json"))
     with pytest.raises(BadInputError, match="does not exist"):
         load_reference(tmp_path / "missing.json")
+
+
+def test_a_format_1_reference_is_read_with_its_steps_counted_from_0(tmp_path: Path) -> None:
+    """The previous release recorded steps from 1 (`trainguard-reference/1`): such a file is
+    verified as it was written and compared at the 0-based index the run logs now."""
+    from trainguard.reference.curve import BODY_KEYS, _checksum
+
+    ref = reference()
+    body = {k: v for k, v in ref.to_dict().items() if k in BODY_KEYS}
+    body |= {"format": "trainguard-reference/1", "steps": [s + 1 for s in ref.steps]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({**body, "checksum": _checksum(body)}))
+    old = load_reference(path)
+    assert old.steps == ref.steps and old.loss == ref.loss
+    assert codes(feed(ReferenceMonitor(old, bitwise=True), np.asarray(ref.loss))) == ["R506"]
+    body["steps"][0] = 0  # edited after it was recorded: the checksum says so
+    path.write_text(json.dumps({**body, "checksum": _checksum({**body, "steps": ref.steps})}))
+    with pytest.raises(BadInputError, match="checksum"):
+        load_reference(path)
 
 
 # -- the recipe hash ----------------------------------------------------------------------------

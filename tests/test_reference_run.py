@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 import trainguard.data.prepare as prepare
 import trainguard.model.gpt as gpt
-import trainguard.train.run as run_module
+import trainguard.train.guarded_run as run_module
 import trainguard.train.schedule as schedule
 from runhelpers import run_cli, tiny_recipe_dict
 from trainguard.cli import app
@@ -27,7 +27,7 @@ from trainguard.findings import Finding
 from trainguard.reference.curve import load_reference
 from trainguard.reference.record import record_reference
 from trainguard.train.envinfo import environment_fingerprint
-from trainguard.train.run import run_recipe
+from trainguard.train.guarded_run import run_recipe
 
 runner = CliRunner()
 WARNINGS = ("R501", "R502", "R503", "R504", "R505", "H101")
@@ -65,7 +65,7 @@ def test_record_writes_the_curve_and_refuses_bad_runs(
         json.loads(x) for x in (finished_tiny_run / "metrics.jsonl").read_text().split("\n") if x
     ]
     steps = [r for r in metrics if r.get("kind") == "step"]
-    assert curve.steps == list(range(1, 13)) and curve.loss == [r["loss"] for r in steps]
+    assert curve.steps == list(range(12)) and curve.loss == [r["loss"] for r in steps]
     assert curve.batch_hash == [r["batch_hash"] for r in steps]
     assert [e["step"] for e in curve.evals] == [6, 12]
     assert curve.single_environment and curve.data_identity is not None
@@ -88,9 +88,9 @@ def test_record_writes_the_curve_and_refuses_bad_runs(
     assert (tiny_run_copy / "metrics.jsonl").read_bytes() == before
     assert not (tiny_run_copy / "ref.json").exists()
 
-    # An unfinished run: its log ends at step 8 (a crash), no end event.
+    # An unfinished run: its log ends at step 7, the eighth (a crash), no end event.
     lines = before.decode().splitlines()
-    kept = [x for x in lines if (json.loads(x).get("step") or 0) <= 8 and "end" not in x]
+    kept = [x for x in lines if (json.loads(x).get("step") or 0) <= 7 and "end" not in x]
     (tiny_run_copy / "metrics.jsonl").write_text("\n".join(kept) + "\n")
     res = record(tiny_run_copy, tmp_path / "a.json")
     assert res.exit_code == 2 and "unfinished (step 8 of 12)" in res.output, res.output
@@ -114,9 +114,9 @@ def test_record_warns_when_the_run_was_not_clean(tiny_run_copy: Path) -> None:
         f.write(json.dumps(skipped) + "\n" + json.dumps(rollback) + "\n")
     _, findings = record_reference(tiny_run_copy)
     assert [f.code for f in findings] == ["R507"], findings
-    # The run's rows count completed steps (run.json schema 1): read 0-based, row 5 is step 4.
-    assert findings[0].data == {"skipped_steps": [4], "rollbacks": 1, "drift": False}
-    assert "skipped 1 update(s) (first at step 4)" in findings[0].message
+    # The run's rows count steps from 0 (run.json schema 2), as the finding's step does.
+    assert findings[0].data == {"skipped_steps": [5], "rollbacks": 1, "drift": False}
+    assert "skipped 1 update(s) (first at step 5)" in findings[0].message
 
 
 def test_clean_rerun_is_bitwise_equal_with_operational_keys_changed(
@@ -172,7 +172,7 @@ def test_planted_model_change_is_caught_with_the_revision_that_changed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Attention logits scaled by 1/d, or residual projections initialised without GPT-2's
-    1/sqrt(2 n_layers): step 1 already departs bitwise."""
+    1/sqrt(2 n_layers): the first step (step 0) already departs bitwise."""
     monkeypatch.setattr(gpt, "F", gpt.F)  # both undone after the test
     monkeypatch.setattr(gpt.GPT, "__init__", gpt.GPT.__init__)
     planted.PLANTS[plant]()
@@ -185,10 +185,10 @@ def test_planted_model_change_is_caught_with_the_revision_that_changed(
     assert event["bitwise_expected"]  # the revision is what is tested, not a reason to give up
     (departure,) = by_code(result.findings, "R502")
     (drift,) = by_code(result.findings, "H101")
-    assert departure.step == 1 and drift.step == 1
+    assert departure.step == 0 and drift.step == 0
     assert "git_revision" in drift.data["changed"] and "f" * 40 in drift.message
     (summary,) = by_code(result.findings, "R506")
-    assert not summary.data["bitwise_equal"] and summary.data["bitwise_departure"] == 1
+    assert not summary.data["bitwise_equal"] and summary.data["bitwise_departure"] == 0
 
 
 def test_planted_schedule_under_other_torch_leaves_the_band_with_the_drift_next_to_it(
@@ -214,7 +214,8 @@ def test_planted_schedule_under_other_torch_leaves_the_band_with_the_drift_next_
     (band,) = by_code(result.findings, "R501")
     (drift,) = by_code(result.findings, "H101")
     assert band.step == band.data["first_step"] == drift.step
-    assert band.data["verdict_step"] in (10, 12)  # every reference.interval steps, and the last
+    # every reference.interval steps done (step 9: ten done), and the last step (11)
+    assert band.data["verdict_step"] in (9, 11)
     assert "torch" in drift.data["changed"] and "9.9.9" in drift.message
     (summary,) = by_code(result.findings, "R506")
     assert summary.data["band_departure"] == band.step
@@ -293,7 +294,7 @@ def test_comparison_state_survives_a_kill_and_resume(
         "--set",
         f"reference.path={reference_file}",
     ]
-    killed = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@6:backward"})
+    killed = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@5:backward"})
     assert killed.returncode == -9, killed.stderr
     resumed = run_cli(*args)
     assert resumed.returncode == 0, resumed.stderr
@@ -302,6 +303,6 @@ def test_comparison_state_survives_a_kill_and_resume(
     codes = [f["code"] for f in payload["findings"]]
     assert not set(codes) & set(WARNINGS), codes
     summary = next(f for f in payload["findings"] if f["code"] == "R506")["data"]
-    # Steps 1-4 were compared before the kill (their state came back with checkpoint 4).
+    # Steps 0-3 were compared before the kill (their state came back with checkpoint 4).
     assert summary["compared"] == 12 and summary["bitwise_equal"]
     shutil.rmtree(run_dir)

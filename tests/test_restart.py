@@ -51,7 +51,7 @@ def _resume(run_dir: Path, steps: int) -> dict:
 def test_a_resume_imports_neither_dynamo_nor_dcp_nor_the_doctor(tiny_run_copy: Path) -> None:
     out = _resume(tiny_run_copy, 13)
     assert out["status"] == 0
-    assert [r["step"] for r in step_rows(tiny_run_copy)] == list(range(1, 14))
+    assert [r["step"] for r in step_rows(tiny_run_copy)] == list(range(13))  # steps count from 0
     events = [json.loads(line) for line in (tiny_run_copy / "metrics.jsonl").open()]
     assert [e["event"] for e in events if e.get("event") == "start"] == ["start"]  # resumed
     assert out["imported"] == []

@@ -17,12 +17,12 @@ from runhelpers import tiny_recipe_dict
 from trainguard.checkpoint.read import read_module_state
 from trainguard.config.load import validate_recipe
 from trainguard.faults import FaultPlan
-from trainguard.train.run import run_recipe
+from trainguard.train.guarded_run import run_recipe
 
 # under pytest-xdist the module's tests run on one worker, so its module fixture is built once
 pytestmark = pytest.mark.xdist_group("test_run_device")
 
-FAULTS = "nan@5,spike@7,bitflip@10:exponent,nan@13,nan@14,nan@15"
+FAULTS = "nan@4,spike@6,bitflip@9:exponent,nan@12,nan@13,nan@14"  # steps count from 0
 
 
 def run(mode: str, corpus: Path, cache: Path, run_dir: Path) -> dict:
@@ -62,13 +62,14 @@ def test_device_path_takes_the_host_paths_decisions(both: dict) -> None:
     assert steps(device["rows"]) == steps(host["rows"])
     assert findings(device["rows"]) == findings(host["rows"])
     acts = [(r["step"], r["action"]) for r in host["rows"] if r["kind"] == "step"]
-    assert [s for s, a in acts if a != "apply"] == [5, 7, 13, 14]  # rollback steps: no row
+    assert [s for s, a in acts if a != "apply"] == [4, 6, 12, 13]  # rollback steps: no row
     codes = {(s, c) for s, c, _ in findings(host["rows"])}
     # skips (NaN, spike), reruns (data; the bit flip: hardware), two rollbacks (R204)
-    assert {(5, "R101"), (5, "R206"), (7, "R102"), (10, "R205"), (10, "R204")} <= codes
-    assert {(15, "R204"), (15, "R202")} <= codes
+    assert {(4, "R101"), (4, "R206"), (6, "R102"), (9, "R205"), (9, "R204")} <= codes
+    assert {(14, "R204"), (14, "R202")} <= codes
     events = [r for r in host["rows"] if r.get("event") == "rollback"]
-    assert [(e["from_step"], e["to_step"]) for e in events] == [(10, 8), (15, 12)]
+    # from the step being computed (0-based) to a checkpoint (completed steps)
+    assert [(e["from_step"], e["to_step"]) for e in events] == [(9, 8), (14, 12)]
     assert math.isfinite(device["result"].final_val_loss)
     assert device["result"].final_val_loss == host["result"].final_val_loss
 

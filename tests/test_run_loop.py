@@ -24,10 +24,10 @@ from trainguard.config.load import validate_recipe
 from trainguard.faults import FaultPlan
 from trainguard.guard.decision import Decision
 from trainguard.guard.distributed.guards import DistributedGuards
-from trainguard.train import spine
+from trainguard.train import actions
 from trainguard.train.callback import Callback, RunContext
 from trainguard.train.distributed import Dist
-from trainguard.train.run import Run, _run_phases
+from trainguard.train.guarded_run import Run, _run_phases
 from trainguard.train.run_state import RunState
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainguard"
@@ -111,10 +111,10 @@ def test_callbacks_see_every_hook_in_priority_order(
     low, high = Recorder("low", -5, log), Recorder("high", 85, log)  # below steplog (90)
     run_in_process(recipe_for(async_save), tmp_path / "run", [low, high])
     expected = [("pre_train", 0)]
-    for step in (1, 2, 3, 4):
+    for step in (0, 1, 2, 3):  # steps count from 0; checkpoints hold completed steps
         expected += [("pre_step", step), ("post_step", step)]
-        if step % 2 == 0 and not async_save:  # written in the loop: committed at once
-            expected += [("post_checkpoint", step)]
+        if (step + 1) % 2 == 0 and not async_save:  # written in the loop: committed at once
+            expected += [("post_checkpoint", step + 1)]
     if async_save:  # written in the background: committed when the next save or the end waits
         expected += [("post_checkpoint", 2), ("post_checkpoint", 4)]
     expected += [("post_train", None), ("close", None)]
@@ -158,14 +158,14 @@ def test_a_bad_batch_is_skipped_before_any_weight_changes(recipe_for, tmp_path: 
         def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
             weights[step] = [p.detach().clone() for p in ctx.model.parameters()]
 
-    run = run_in_process(recipe_for(), tmp_path / "run", [Weights()], faults="nan@3")
+    run = run_in_process(recipe_for(), tmp_path / "run", [Weights()], faults="nan@2")
     codes = [f.code for f in run.ctx.findings]
     assert "R101" in codes and "R201" in codes and run.ctx.step == 4
-    assert all(torch.equal(a, b) for a, b in zip(weights[2], weights[3], strict=True))
-    assert not all(torch.equal(a, b) for a, b in zip(weights[3], weights[4], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[2], strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(weights[2], weights[3], strict=True))
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    step3 = next(r for r in rows if r.get("kind") == "step" and r["step"] == 3)
-    assert step3["action"] == "skip" and step3["lr"] == 0.0
+    step2 = next(r for r in rows if r.get("kind") == "step" and r["step"] == 2)
+    assert step2["action"] == "skip" and step2["lr"] == 0.0
 
 
 # -- checkpoints in the background (checkpoint.async_save, the default) ----------------------
@@ -200,13 +200,13 @@ def test_the_loop_trains_on_while_a_checkpoint_is_written(
 
         def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
             seen[step] = (ctx.run_dir / "checkpoints" / "step-2" / "manifest.json").exists()
-            if step == 3:
+            if step == 2:  # the step after the save of checkpoint 2 (2 steps done)
                 gate.set()
 
     monkeypatch.setattr(FlatLayout, "write", gated_write)
     monkeypatch.setattr(FlatLayout, "_copy_into", held_copy)
     run_in_process(recipe_for(), tmp_path / "async", [Watch()])
-    assert seen[3] is False  # step 3 ran while step 2's checkpoint was still being written
+    assert seen[2] is False  # step 2 ran while checkpoint 2 was still being written
     assert copied_after_step_3 == [False]  # step 3 waited for the copy before its update
     monkeypatch.setattr(FlatLayout, "write", real_write)
     monkeypatch.setattr(FlatLayout, "_copy_into", real_copy)
@@ -229,10 +229,11 @@ def test_the_loop_trains_on_while_a_checkpoint_is_written(
 def test_a_transient_bitflip_waits_for_the_previous_checkpoints_copy(
     recipe_for, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`bitflip@5` flips a weight during step 5's forward and backward, beside which the writer
-    thread copies step 4's weights. The copy is held until step 5's backward (a second at most,
-    as a writer thread scheduled late would be): the flip must wait for it
-    (`FaultPlan.settle_copy`), or step 4's checkpoint holds the flipped bit and still verifies."""
+    """`bitflip@4` flips a weight during step 4's forward and backward (0-based: the fifth
+    step), beside which the writer thread copies checkpoint 4's weights. The copy is held until
+    step 4's backward (a second at most, as a writer thread scheduled late would be): the flip
+    must wait for it (`FaultPlan.settle_copy`), or checkpoint 4 holds the flipped bit and still
+    verifies."""
     from trainguard.faults import FaultPlan
 
     in_backward = threading.Event()
@@ -244,16 +245,16 @@ def test_a_transient_bitflip_waits_for_the_previous_checkpoints_copy(
         real_copy(self, snapshot, *rest)
 
     def at(self: FaultPlan, phase: str, step: int) -> None:
-        if phase == "backward" and step == 5:
+        if phase == "backward" and step == 4:
             in_backward.set()
             time.sleep(0.2)  # the flipped weight stays in place while the copy could read it
         real_at(self, phase, step)
 
     monkeypatch.setattr(FlatLayout, "_copy_into", late_copy)
     monkeypatch.setattr(FaultPlan, "at", at)
-    run_in_process(recipe_for(max_steps=6), tmp_path / "async", faults="bitflip@5")
+    run_in_process(recipe_for(max_steps=6), tmp_path / "async", faults="bitflip@4")
     monkeypatch.undo()
-    run_in_process(recipe_for(async_save=False, max_steps=6), tmp_path / "sync", faults="bitflip@5")
+    run_in_process(recipe_for(async_save=False, max_steps=6), tmp_path / "sync", faults="bitflip@4")
     a, b = (
         (tmp_path / kind / "checkpoints" / "step-4" / "state.safetensors").read_bytes()
         for kind in ("async", "sync")
@@ -288,25 +289,25 @@ def test_callback_state_survives_a_restart_through_real_checkpoints(recipe_for, 
     run_in_process(recipe_for(), run_dir, [first])
     saved = json.loads((run_dir / "checkpoints" / "step-4" / "state.json").read_text())
     callbacks = saved["values"]["callbacks"]
-    assert callbacks["counter"] == {"seen": [1, 2, 3, 4]}
+    assert callbacks["counter"] == {"seen": [0, 1, 2, 3]}
     assert "validation" in callbacks and "guard" in saved["values"]
     again = Counter()
     run = run_in_process(recipe_for(max_steps=6), run_dir, [again])
-    assert run.resumed_from == 4 and again.loaded == {"seen": [1, 2, 3, 4]}
-    assert again.seen == [1, 2, 3, 4, 5, 6]
+    assert run.resumed_from == 4 and again.loaded == {"seen": [0, 1, 2, 3]}
+    assert again.seen == [0, 1, 2, 3, 4, 5]
 
 
 def test_a_rollback_rewinds_the_model_not_the_callbacks(tmp_path: Path) -> None:
     counter = Counter()
     loop = loop_without_data(tmp_path, num_samples=40, global_batch=4, callbacks=[counter])
-    for step in (1, 2, 3, 4, 5):
+    for step in range(5):
         loop.ctx.progress.advance(0)
         counter.seen.append(step)
-        if step == 3:
-            loop.checkpointer.save(step, loop.state)
-    spine.roll_back(loop, Decision(5, "rollback", bad_steps=[5]))
-    assert loop.ctx.step == 3 and counter.seen == [1, 2, 3, 4, 5]
-    assert loop.sampler.skipped_positions == [[16, 20]]  # logged step 5 = sampler step 4
+        if step == 2:
+            loop.checkpointer.save(step + 1, loop.state)  # 3 steps done
+    actions.roll_back(loop, Decision(4, "rollback", bad_steps=[4]))
+    assert loop.ctx.step == 3 and counter.seen == [0, 1, 2, 3, 4]
+    assert loop.sampler.skipped_positions == [[16, 20]]  # step 4's batch
 
 
 def test_distributed_guard_state_travels_in_a_run_checkpoint(tmp_path: Path) -> None:
@@ -383,12 +384,13 @@ def _imports(path: Path) -> set[str]:
 def test_no_module_imports_the_run_back_and_the_loop_never_imports_drills() -> None:
     offenders = []
     for path in sorted((SRC / "train").rglob("*.py")):
-        if path.name == "run.py" and path.parent.name == "train":
+        if path.name == "guarded_run.py" and path.parent.name == "train":
             continue
         bad = {
             m
             for m in _imports(path)
-            if m == "trainguard.train.run" or m.startswith(("trainguard.drills", "trainguard.cli"))
+            if m == "trainguard.train.guarded_run"
+            or m.startswith(("trainguard.drills", "trainguard.cli"))
         }
         offenders += [f"{path.relative_to(SRC)} imports {m}" for m in sorted(bad)]
     assert offenders == []
@@ -398,7 +400,7 @@ def test_the_checker_sees_imports_inside_functions_and_type_checking(tmp_path: P
     f = tmp_path / "m.py"
     f.write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from trainguard.train.run import Run\n"
+        "if TYPE_CHECKING:\n    from trainguard.train.guarded_run import Run\n"
         "def g():\n    import trainguard.drills.runner\n"
     )
-    assert {"trainguard.train.run", "trainguard.drills.runner"} <= _imports(f)
+    assert {"trainguard.train.guarded_run", "trainguard.drills.runner"} <= _imports(f)

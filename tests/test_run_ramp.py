@@ -37,15 +37,16 @@ def test_a_ramped_run_killed_after_the_change_resumes_bitwise(
     meta = json.loads((clean / "checkpoints" / "step-4" / "manifest.json").read_text())
     assert meta["meta"]["tokens_seen"] == 4 * 4 * 32  # four steps of 4 sequences of 32
 
-    # Killed at step 7 (after the change at step 6); the checkpoint of step 4 is before it.
+    # Killed at step 6 (after the change at step 5; steps count from 0); checkpoint 4 is
+    # before it.
     args = ["run", str(recipe), "--run-dir", str(chained), "-q"]
-    killed = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@7:backward"})
+    killed = run_cli(*args, env={"TRAINGUARD_INJECT": "kill@6:backward"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     res = invoke_cli(*args)
     assert res.returncode == 0, res.stderr
     assert_bitwise_equal(final_weights(clean, 8), final_weights(chained, 8))
     again = step_rows(chained)
-    assert [r["step"] for r in again] == list(range(1, 9))
+    assert [r["step"] for r in again] == list(range(8))
     assert [r["batch_hash"] for r in again] == [r["batch_hash"] for r in rows]
     assert [r["loss"] for r in again] == [r["loss"] for r in rows]
 

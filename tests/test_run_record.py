@@ -180,7 +180,7 @@ def test_reference_record(records: dict[str, Path], loop: str, tmp_path: Path) -
     ref = json.loads(out.read_text())
     n = 12 if loop == "run" else STEPS
     assert len(ref["loss"]) == n and ref["env"]["torch"]
-    assert ref["steps"][0] == (1 if loop == "run" else 0)  # numbered as the run's own rows
+    assert ref["steps"][0] == 0  # every loop's rows count steps from 0 (curve format 2)
 
 
 @pytest.mark.parametrize("loop", ("hf", "lightning", "run"))

@@ -89,7 +89,7 @@ def test_a_resume_stopped_by_pre_flight_keeps_the_recipe_it_did_not_extend(
     from trainguard.errors import PreflightFailed
     from trainguard.train.callback import Callback, RunContext
     from trainguard.train.distributed import Dist
-    from trainguard.train.run import Run
+    from trainguard.train.guarded_run import Run
 
     class FailingPreflight(Callback):  # what pre-flight does on an error finding
         name, priority = "failing_preflight", 100

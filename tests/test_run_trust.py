@@ -77,7 +77,7 @@ def test_run_dir_lock_refuses_a_second_run_and_a_killed_holder_is_taken_over(
     tiny_recipe: Path, tiny_run_copy: Path
 ) -> None:
     args = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "-q", *RESUME]
-    first = start_cli(*args, inject="hang@14")  # resumes from 12, then hangs in step 14
+    first = start_cli(*args, inject="hang@13")  # resumes from 12; hangs in step 13 (0-based)
     backstop = tiny_run_copy / f"hang-backstop-{first.pid}.txt"  # its watchdog is armed
     try:
         wait_until(first, lambda: steps_logged(tiny_run_copy) >= 13, "the first run's step 13")
@@ -95,7 +95,7 @@ def test_run_dir_lock_refuses_a_second_run_and_a_killed_holder_is_taken_over(
         first.communicate()
     # The run that takes over also meets a NaN batch: its guard skips the update, the run
     # finishes, so it is ok with an R101 finding of its own severity.
-    third = run_cli(*args, "--json", env={"TRAINGUARD_INJECT": "nan@14"})
+    third = run_cli(*args, "--json", env={"TRAINGUARD_INJECT": "nan@13"})
     assert third.returncode == 0, third.stderr[-3000:]
     done = one_json(third.stdout)
     assert done["ok"] is True and done["exit_status"] == 0
@@ -194,7 +194,7 @@ def test_run_json_hang_is_one_object_and_exit_3(small_corpus: Path, cache_dir: P
     path = tmp_path / "hang.yaml"
     path.write_text(yaml.safe_dump(recipe))
     args = ["run", str(path), "--run-dir", str(tmp_path / "run"), "--json", "-q", "--no-evals"]
-    res = run_cli(*args, env={"TRAINGUARD_INJECT": "hang@3"})
+    res = run_cli(*args, env={"TRAINGUARD_INJECT": "hang@2"})
     assert res.returncode == ExitStatus.HANG, res.stderr[-3000:]
     payload = one_json(res.stdout)
     assert payload["ok"] is False and payload["exit_status"] == ExitStatus.HANG
@@ -273,7 +273,7 @@ def test_sigterm_stops_like_ctrl_c_and_leaves_no_backstop_file(
     tiny_recipe: Path, tiny_run_copy: Path
 ) -> None:
     args = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "-q", "--json", *RESUME]
-    proc = start_cli(*args, inject="hang@14")
+    proc = start_cli(*args, inject="hang@13")
     backstop = tiny_run_copy / f"hang-backstop-{proc.pid}.txt"
     wait_until(proc, backstop.exists, "the hang watchdog's backstop file")
     wait_until(proc, lambda: steps_logged(tiny_run_copy) >= 13, "step 13")
@@ -314,10 +314,12 @@ def test_a_second_ctrl_c_during_shutdown_exits_130(tiny_recipe: Path, tiny_run_c
     args = ["run", str(tiny_recipe), "--run-dir", str(tiny_run_copy), "--json", *RESUME]
     with contextlib.ExitStack() as stack:
         stack.callback(os.close, read_end)
-        proc = start_cli(*args, inject="hang@14", stdout=write_end)
+        proc = start_cli(*args, inject="hang@13", stdout=write_end)
         stack.callback(lambda: proc.poll() is None and proc.kill())
         wait_until(proc, lambda: steps_logged(tiny_run_copy) >= 13, "step 13")
-        _fill(write_end)  # step 14 hangs in its forward: nothing else writes to stdout now
+        _fill(
+            write_end
+        )  # step 13 (0-based) hangs in its forward: nothing else writes to stdout now
         os.close(write_end)
         proc.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 120

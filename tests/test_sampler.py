@@ -18,7 +18,7 @@ from trainguard import ElasticSampler
 from trainguard.data.order import ElasticOrder, batch_hash
 from trainguard.errors import BadInputError
 from trainguard.guard.decision import Decision
-from trainguard.train import spine
+from trainguard.train import actions
 
 
 def sampler(n: int = 10, g: int = 4, **kw) -> ElasticSampler:
@@ -50,7 +50,7 @@ def test_a_batch_straddles_the_epoch_boundary() -> None:
 
 # -- the same order as `trainguard run` ----------------------------------------------------------
 def test_positions_and_hashes_equal_runs_reader_with_rollbacks(tmp_path: Path) -> None:
-    """`trainguard run`'s rollback (train/spine.py: real checkpoints in the run's layout, the
+    """`trainguard run`'s rollback (train/actions.py: real checkpoints in the run's layout, the
     guard's restore) on 10 samples in batches of 4, so that batches straddle epochs: every step
     reads what the run read before the sampler (`OldReader`, its reader kept here as the
     reference: the position advances one global batch per step, jumps over skipped ranges, and
@@ -73,49 +73,49 @@ def test_positions_and_hashes_equal_runs_reader_with_rollbacks(tmp_path: Path) -
 
         def rollback(self, to: int, bad: list[int]) -> None:
             for b in bad:
-                if b > to:
+                if b >= to:  # steps count from 0: checkpoint `to` is before step `to`
                     self.skipped[self.read[b]] = self.read[b] + g
             self.position = self.saved[to]
 
     old = OldReader()
-    run_hashes: dict[int, str] = {}  # the last batch each (1-based) step read
+    run_hashes: dict[int, str] = {}  # the last batch each step read (steps count from 0)
 
-    def steps_until(last: int) -> None:
-        while ctx.step < last:
-            step = ctx.step + 1
-            pos = s.position(step - 1)
+    def steps_until(done: int) -> None:
+        while ctx.step < done:
+            step = ctx.step
+            pos = s.position(step)
             assert pos == old.next(step), step
             run_hashes[step] = batch_hash(order.sample_ids(pos, g))
             ctx.progress.advance(0)
             old.position += g
-            if step % 3 == 0:
-                loop.checkpointer.save(step, loop.state)
-                old.saved[step] = old.position
+            if (step + 1) % 3 == 0:  # checkpoint step + 1: the steps done
+                loop.checkpointer.save(step + 1, loop.state)
+                old.saved[step + 1] = old.position
 
     def roll_back(at: int, bad: list[int]) -> None:
-        spine.roll_back(loop, Decision(at, "rollback", bad_steps=bad))
+        actions.roll_back(loop, Decision(at, "rollback", bad_steps=bad))
         old.rollback(ctx.step, bad)
 
     steps_until(5)
-    roll_back(5, [4, 5])  # back to 3; steps 4 and 5 read new batches
+    roll_back(4, [3, 4])  # back to checkpoint 3; steps 3 and 4 read new batches
     steps_until(8)
-    roll_back(8, [3, 7, 8])  # back to 6; step 3 is before the checkpoint: not skipped
+    roll_back(7, [2, 6, 7])  # back to 6; step 2 is before the checkpoint: not skipped
     steps_until(9)
-    roll_back(9, [7, 9])  # back to 9, the newest checkpoint: nothing left to skip
+    roll_back(8, [6, 8])  # back to 9, the newest checkpoint: nothing left to skip
     steps_until(14)
     assert s.skipped_positions == sorted([a, b] for a, b in old.skipped.items())
     assert len(s.skipped_positions) == 4
     for step, h in run_hashes.items():
-        assert s.batch_hash(step - 1) == h, step
+        assert s.batch_hash(step) == h, step
     events = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").open())]
     assert [(e["from_step"], e["to_step"]) for e in events if e.get("event") == "rollback"] == [
-        (5, 3),
-        (8, 6),
-        (9, 9),
+        (4, 3),
+        (7, 6),
+        (8, 9),
     ]
     fresh = sampler(n, g)
     fresh.load_state_dict(json.loads(json.dumps(s.state_dict())))  # a checkpoint round trip
-    assert [fresh.batch_hash(k) for k in range(14)] == [run_hashes[k + 1] for k in range(14)]
+    assert [fresh.batch_hash(k) for k in range(14)] == [run_hashes[k] for k in range(14)]
 
 
 def test_batch_hashes_equal_a_finished_run(finished_tiny_run: Path) -> None:
@@ -131,8 +131,8 @@ def test_batch_hashes_equal_a_finished_run(finished_tiny_run: Path) -> None:
     )
     rows = [json.loads(line) for line in (finished_tiny_run / "metrics.jsonl").open()]
     logged = {r["step"]: r["batch_hash"] for r in rows if r.get("kind") == "step"}
-    assert sorted(logged) == list(range(1, 13))
-    assert {step: s.batch_hash(step - 1) for step in logged} == logged
+    assert sorted(logged) == list(range(12))  # the run's steps count from 0, as the sampler's
+    assert {step: s.batch_hash(step) for step in logged} == logged
 
 
 # -- ranks, micro-batches, iteration -----------------------------------------------------------

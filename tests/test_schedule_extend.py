@@ -52,13 +52,13 @@ def test_a_larger_max_steps_holds_the_lr_and_says_so(tiny_run_copy: Path, tiny_r
     res = _resume(tiny_recipe, tiny_run_copy, "train.max_steps=16")
     assert res.returncode == 0, res.stderr[-3000:]
     lr = _lr(tiny_run_copy)
-    assert sorted(lr) == list(range(1, 17))
-    assert [lr[s] for s in range(1, 13)] == [before[s] for s in range(1, 13)]
+    assert sorted(lr) == list(range(16))  # steps count from 0
+    assert [lr[s] for s in range(12)] == [before[s] for s in range(12)]
     # Constant: every added step trains at the LR of the last planned step, no jump.
-    assert [lr[s] for s in range(13, 17)] == [before[12]] * 4
+    assert [lr[s] for s in range(12, 16)] == [before[11]] * 4
     (r620,) = [f for f in _rows(tiny_run_copy, "finding") if f["code"] == "R620"]
-    assert r620["step"] == 12 and "12 -> 16" in r620["message"]
-    assert r620["data"]["lr_before"] == r620["data"]["lr_after"] == before[12]
+    assert r620["step"] == 12 and "12 -> 16" in r620["message"]  # at checkpoint 12
+    assert r620["data"]["lr_before"] == r620["data"]["lr_after"] == before[11]
     assert r620["data"]["schedule_on_extend"] == "constant"
 
 
@@ -70,14 +70,14 @@ def test_rewarm_after_a_constant_extension(tiny_run_copy: Path, tiny_recipe) -> 
     )
     assert res.returncode == 0, res.stderr[-3000:]
     lr = _lr(tiny_run_copy)
-    assert lr[13] == lr[14] == lr[12]  # the constant segment of the first extension
+    assert lr[12] == lr[13] == lr[11]  # the constant segment of the first extension
     peak = 3e-3  # tiny recipe's train.lr; warm-up 2 steps
-    assert lr[15] == pytest.approx(lr[14] + (peak - lr[14]) / 2)
-    assert lr[16] == pytest.approx(peak) and lr[17] == pytest.approx(peak)
-    assert lr[18] < peak
+    assert lr[14] == pytest.approx(lr[13] + (peak - lr[13]) / 2)
+    assert lr[15] == pytest.approx(peak) and lr[16] == pytest.approx(peak)
+    assert lr[17] < peak
     found = [f for f in _rows(tiny_run_copy, "finding") if f["code"] == "R620"]
     assert [f["data"]["schedule_on_extend"] for f in found] == ["constant", "rewarm"]
-    assert found[1]["data"]["lr_before"] == lr[14] and found[1]["data"]["lr_after"] == lr[15]
+    assert found[1]["data"]["lr_before"] == lr[13] and found[1]["data"]["lr_after"] == lr[14]
 
 
 def test_max_steps_below_the_checkpoint_is_refused(tiny_run_copy: Path, tiny_recipe) -> None:

@@ -218,24 +218,24 @@ def test_run_groups_its_findings_and_counts_its_skips(
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(recipe))
     run_dir = tmp_path / "run"
     args = ["run", str(tmp_path / "tiny.yaml"), "--run-dir", str(run_dir), "-q", "--json"]
-    res = invoke_cli(*args, env={"TRAINGUARD_INJECT": "nan@5,nan@6"})
+    res = invoke_cli(*args, env={"TRAINGUARD_INJECT": "nan@4,nan@5"})
     assert res.returncode == 0, res.stderr
     payload = json.loads(res.stdout)
     skips = [f["step"] for f in payload["findings"] if f["code"] == "R201"]
-    assert skips == [5, 6]  # every finding is kept
+    assert skips == [4, 5]  # every finding is kept
     episodes = {(e["code"], e["metric"]): e for e in payload["episodes"]}
-    assert (episodes["R201", None]["first_step"], episodes["R201", None]["last_step"]) == (5, 6)
+    assert (episodes["R201", None]["first_step"], episodes["R201", None]["last_step"]) == (4, 5)
     assert episodes["R201", None]["count"] == 2
     assert episodes["R101", "loss"]["count"] == 2
     assert len(payload["episodes"]) < len(payload["findings"])
     assert payload["skipped_updates"]["count"] == 2
-    assert payload["skipped_updates"]["steps"] == [5, 6]
+    assert payload["skipped_updates"]["steps"] == [4, 5]
     assert payload["skipped_updates"]["train_loss_average"].startswith("none")
     md = (run_dir / "report.md").read_text()
-    assert "**R201** info (steps 5-6, 2 findings)" in md
-    assert "| skipped updates | 2 (steps 5, 6) |" in md
+    assert "**R201** info (steps 4-5, 2 findings)" in md
+    assert "| skipped updates | 2 (steps 4, 5) |" in md
     html = (run_dir / "report.html").read_text()
-    assert "5-6 (2 findings)" in html and "skipped updates" in html
+    assert "4-5 (2 findings)" in html and "skipped updates" in html
 
 
 def test_run_result_json_has_episodes_and_skipped_updates(tmp_path: Path) -> None:

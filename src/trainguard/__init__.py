@@ -20,7 +20,8 @@ _LAZY = {
     "Watchdog": "trainguard.guard.watchdog",
     "Finding": "trainguard.findings",
     "Checkpointer": "trainguard.checkpoint.checkpointer",
-    "run_recipe": "trainguard.train.run",
+    "run_recipe": "trainguard.train.guarded_run",
+    "Callback": "trainguard.train.callback",
     "RunResult": "trainguard.train.outcome",
     "ExitStatus": "trainguard.errors",
     "load_recipe": "trainguard.config.load",
@@ -41,8 +42,9 @@ if TYPE_CHECKING:
     from trainguard.guard.distributed.guards import DistributedGuards as DistributedGuards
     from trainguard.guard.watchdog import Watchdog as Watchdog
     from trainguard.model.moe import collect_router_stats as collect_router_stats
+    from trainguard.train.callback import Callback as Callback
+    from trainguard.train.guarded_run import run_recipe as run_recipe
     from trainguard.train.outcome import RunResult as RunResult
-    from trainguard.train.run import run_recipe as run_recipe
 
 __all__ = sorted(_LAZY)
 

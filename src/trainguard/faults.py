@@ -3,12 +3,15 @@ run reads; `drills/` launches runs with one). It sits below `train/`: the hot lo
 imports `drills/`.
 
 A plan comes from the environment variable `TRAINGUARD_INJECT`, a comma-separated list of
-`fault@step` items, for example `kill@7:backward,nan@12`. The loop calls `plan.at(phase, step)`
-at phase boundaries; with no plan this is a dictionary miss, nothing more.
+`fault@step` items, for example `kill@7:backward,nan@12`. N is the 0-based index of the step
+being computed, as every part and the metrics row count it. `trainguard run` drives a plan
+through one callback (`train/callbacks/faults.py`) on its loop's hooks; with no plan there is
+none.
 
 Faults:
-- `kill@N:PHASE`  SIGKILL this process when step N (1-based, as logged) reaches PHASE
-  (data, forward, backward, optimizer; or checkpoint / checkpoint_write for checkpoint N).
+- `kill@N:PHASE`  SIGKILL this process when step N reaches PHASE (data, forward, backward,
+  optimizer; or checkpoint / checkpoint_write: the checkpoint saved after step N, which holds
+  N + 1 completed steps).
 - `nan@N`         the loss of step N becomes NaN (a poisoned batch).
 - `spike@N`       the loss of step N is multiplied by 50 (an outlier batch).
 - `hang@N`        step N sleeps forever in the forward pass (for the hang watchdog).
@@ -149,7 +152,7 @@ class FaultPlan:
         )
 
     def at(self, phase: str, step: int) -> None:
-        """Called by the loop when `step` enters `phase`."""
+        """Step `step` (0-based) enters `phase`."""
         if self.kills.get(step) == phase:
             if self.settle_writes is not None and phase != "checkpoint_write":
                 with contextlib.suppress(Exception):  # a failed write: the kill comes anyway

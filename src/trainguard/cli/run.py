@@ -244,8 +244,8 @@ def register(app: typer.Typer) -> None:
         evaluate, and write a report. Running it again in the same run dir resumes."""
         from trainguard.config.load import load_recipe, recipe_to_dict
         from trainguard.reference.select import select_reference
+        from trainguard.train.guarded_run import run_recipe
         from trainguard.train.launch import check_launch_args
-        from trainguard.train.run import run_recipe
         from trainguard.util.processes import check_local_processes
 
         out = _RunOutput(as_json, quiet)

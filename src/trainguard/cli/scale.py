@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Gating runs over the grid; appends params,tokens,loss rows to the CSV."""
         from trainguard.scaling.grid import parse_grid, run_grid
-        from trainguard.train.run import run_recipe
+        from trainguard.train.guarded_run import run_recipe
 
         def run_cell(cell_recipe: Any, run_dir: Path) -> Any:
             return run_recipe(cell_recipe, run_dir, progress=False)

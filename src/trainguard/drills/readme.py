@@ -63,7 +63,8 @@ def row_for(table: str, fault: str) -> str | None:
 
 def main(argv: list[str]) -> int:
     from trainguard.drills.matrix import matrix_markdown, verdict
-    from trainguard.drills.runner import DrillContext, cleanup, run_drills
+    from trainguard.drills.runner import DrillContext, cleanup
+    from trainguard.drills.scenarios import run_drills
 
     path = Path(argv[0] if argv else "docs/drills.md")
     readme = path.read_text(encoding="utf-8")

@@ -74,7 +74,9 @@ def _detection_step(out: RunOutcome, codes: tuple[str, ...]) -> int | None:
     steps = []
     for f in out.findings:
         if f["code"] in codes:
-            steps.append((f.get("data") or {}).get("verdict_step") or f.get("step") or 0)
+            data = f.get("data") or {}
+            at = data.get("verdict_step", f.get("step"))
+            steps.append(at if isinstance(at, int) else 0)
     return min(steps) if steps else None
 
 
@@ -91,7 +93,7 @@ def _action(finding: dict[str, Any]) -> str:
             f"({data.get('difference', 0):+.2g} nats)"
         )
     if finding["code"] == "R503":
-        return f"reported before step 1: {', '.join(data.get('changed', []))} changed"
+        return f"reported before the first step: {', '.join(data.get('changed', []))} changed"
     return "reported: " + finding["message"][:120]
 
 
@@ -100,7 +102,7 @@ def planted_row(ctx: DrillContext, name: str, planted: str, expected: str, *extr
     row = DrillRow(name, "", [expected], inject=f"planted {planted}", trains=False)
     row.detected = [c for c in dict.fromkeys(out.codes()) if c in CODES]
     at = _detection_step(out, (expected,))
-    row.steps_to_detect = None if at is None else max(0, at - 1)  # planted from step 1 on
+    row.steps_to_detect = None if at is None else max(0, at)  # planted from step 0 on
     first = next((f for f in out.findings if f["code"] == expected), None)
     if first is not None:
         row.action = _action(first)

@@ -68,7 +68,8 @@ def actions_taken(out: RunOutcome) -> tuple[str, int]:
     for ev in out.rows("event"):
         if ev.get("event") == "rollback":
             parts.append(f"rolled back {ev['from_step']}->{ev['to_step']}")
-            lost += int(ev["from_step"]) - int(ev["to_step"])
+            # Steps to_step .. from_step (0-based, the bad one included) are recomputed.
+            lost += int(ev["from_step"]) + 1 - int(ev["to_step"])
     if "R203" in codes:
         parts.append("halted")
     if "R205" in codes:
@@ -133,6 +134,6 @@ def relaunch_drill(
     row.detected = present(second, (*expected, *related))
     resumed = (second.payload or {}).get("resumed_from") or 0
     row.steps_to_detect = 0  # the crash is the detection: the launcher sees it at once
-    row.steps_lost = max(0, logged - resumed)
+    row.steps_lost = max(0, logged + 1 - resumed)  # logged: a 0-based index
     row.action = f"relaunch; auto-resume from step {resumed}"
     return finish(row, second, ctx)

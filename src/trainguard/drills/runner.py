@@ -69,8 +69,9 @@ class DrillPlan:
 
     @property
     def fault_step(self) -> int:
-        """Where a fault lands: a checkpoint step past the spike detector's warm-up."""
-        return 4 * self.interval
+        """Where a fault lands (a 0-based step index, as fault specs count): the step after
+        which a checkpoint is saved, past the spike detector's warm-up."""
+        return 4 * self.interval - 1
 
     def overrides(self) -> list[str]:
         return [
@@ -149,7 +150,8 @@ class RunOutcome:
         return bytes_checksum(data)
 
     def last_logged_step(self) -> int:
-        return max((r["step"] for r in self.rows("step")), default=0)
+        """The 0-based index of the last step row (-1: none)."""
+        return max((r["step"] for r in self.rows("step")), default=-1)
 
     def tail(self) -> str:
         return self.stderr.strip()[-400:]

@@ -64,19 +64,21 @@ def kill_mid_checkpoint(ctx: DrillContext) -> DrillRow:
 @drill("corrupt_checkpoint", "corrupted checkpoint file")
 def corrupt_checkpoint(ctx: DrillContext) -> DrillRow:
     step = ctx.plan.fault_step
+    saved = step + 1  # the checkpoint saved after step `step` holds step + 1 completed steps
 
     def flip_a_byte(out: RunOutcome) -> None:
-        path = out.run_dir / "checkpoints" / f"step-{step}" / "state.safetensors"
+        path = out.run_dir / "checkpoints" / f"step-{saved}" / "state.safetensors"
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0xFF  # inside the tensor payload: the file still parses
         path.write_bytes(bytes(data))
 
-    # Killed right after checkpoint `step` was committed, so it is the newest one.
+    # Killed as the next step starts, right after checkpoint `saved` was committed, so it is
+    # the newest one.
     inject = f"kill@{step + 1}:data"
     row = relaunch_drill(
         ctx, "corrupt_checkpoint", inject, ["C101", "C102"], ("C150",), between=flip_a_byte
     )
-    row.inject = f"{inject}, then a byte of step-{step}/state.safetensors flipped"
+    row.inject = f"{inject}, then a byte of step-{saved}/state.safetensors flipped"
     return row
 
 

@@ -285,6 +285,6 @@ def account(rows: list[dict[str, Any]]) -> Goodput:
 
 def account_run(run_dir: Path) -> Goodput:
     """`account` of RUN_DIR/metrics.jsonl."""
-    from trainguard.metrics.jsonl import read_metrics
+    from trainguard.metrics.record_read import read_record
 
-    return account(read_metrics(Path(run_dir)))
+    return account(read_record(Path(run_dir)).rows)  # steps from 0, any release

@@ -22,7 +22,8 @@ from trainguard.config.load import RECIPE_FILE, read_run_recipe
 from trainguard.config.schema import CheckpointConfig
 from trainguard.errors import BadInputError
 from trainguard.goodput.accounting import Goodput, account
-from trainguard.metrics.jsonl import METRICS_FILE, read_metrics
+from trainguard.metrics.jsonl import METRICS_FILE
+from trainguard.metrics.record_read import read_record
 
 MIN_STALL_S = 1e-3  # below the clock's use here: a stall measured smaller is reported as this
 
@@ -111,7 +112,7 @@ def _stall_from_gaps(out: Measured, rows: list[dict[str, Any]], interval: int) -
     """A record without timing rows: the stall as the extra gap after checkpoint steps."""
     ordinary, saved = [], []
     for k, gap in _gaps(rows):
-        (saved if k % interval == 0 else ordinary).append(gap)
+        (saved if (k + 1) % interval == 0 else ordinary).append(gap)  # k counts from 0
     if ordinary and saved:
         stall = statistics.median(saved) - statistics.median(ordinary)
         out.stall_s = max(stall, MIN_STALL_S)
@@ -140,7 +141,7 @@ def require_run_dir(run_dir: Path) -> None:
 def measure_run(run_dir: Path) -> Measured:
     """The median step time, checkpoint stall and world size `run_dir` recorded."""
     require_run_dir(run_dir)
-    rows = read_metrics(run_dir)
+    rows = read_record(run_dir).rows  # steps from 0, whichever release wrote them
     out = Measured()
     times = [
         t

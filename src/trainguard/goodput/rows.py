@@ -24,6 +24,8 @@ import math
 import time
 from typing import Any
 
+from trainguard.metrics.jsonl import lost_on_resume
+
 TIMING = "timing"
 
 
@@ -35,12 +37,12 @@ def attempt_row(
     now: float | None = None,
 ) -> dict[str, Any]:
     """The row a process writes when it joins the run, before a resume cuts the log at
-    `resumed_step` (rows with a `step` above it are dropped, as `MetricsLog.truncate_after`
-    does): `rows` is the log as it is before the cut."""
+    `resumed_step` (the rows `MetricsLog.truncate_after` drops, by its own rule
+    `lost_on_resume`): `rows` is the log as it is before the cut."""
     now = time.time() if now is None else now
     lost = None
     if resumed_step is not None:
-        dropped = [r for r in rows if isinstance(r.get("step"), int) and r["step"] > resumed_step]
+        dropped = [r for r in rows if lost_on_resume(r, resumed_step)]
         times = [t for r in rows if (t := _time(r)) is not None]
         lost = {
             "steps": sum(1 for r in dropped if r.get("kind") == "step"),

@@ -45,7 +45,9 @@ class MetricsLog:
         self._file: TextIO | None = None
 
     def truncate_after(self, step: int) -> list[dict[str, Any]]:
-        """Drop rows of steps after `step` (work a crash threw away); returns the dropped rows.
+        """A resume from `step` completed steps: drop the rows of the work a crash threw away
+        (step and finding rows of step index `step` on, which count steps from 0, and later
+        rows of any kind); returns the dropped rows.
 
         A resumed run recomputes those steps, so keeping them would log them twice; the
         dropped step rows' batch hashes let the resumed run prove it replays the same data.
@@ -65,13 +67,13 @@ class MetricsLog:
                 if line.strip():
                     kept.append(line)
                 continue
-            if isinstance(row.get("step"), int) and row["step"] > step:
+            if lost_on_resume(row, step):
                 dropped.append(row)
             else:
                 kept.append(line)
         with contextlib.suppress(RowRejected):  # a whole last row that lacks only its newline
             row = parse_row(torn)
-            if not (isinstance(row.get("step"), int) and row["step"] > step):
+            if not lost_on_resume(row, step):
                 kept.append(torn)
         atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
         return dropped
@@ -108,3 +110,13 @@ def read_metrics(run_dir: Path, skipped: list[str] | None = None) -> list[dict[s
         elif skipped is not None:
             skipped.append(f"{path}:{lineno}: {why}; the line is ignored")
     return rows
+
+
+def lost_on_resume(row: dict[str, Any], completed: int) -> bool:
+    """Whether a resume from `completed` steps recomputes what `row` records."""
+    step = row.get("step")
+    if not isinstance(step, int):
+        return False
+    # A step's own rows carry its 0-based index; evaluations and events the number of
+    # completed steps they follow.
+    return step > completed or (step == completed and row.get("kind") in ("step", "finding"))

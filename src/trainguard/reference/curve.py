@@ -2,13 +2,14 @@
 training loss at each of its steps, with what produced it.
 
 ```
-{"format": "trainguard-reference/1",
+{"format": "trainguard-reference/2",
  "recipe_name": "default", "recipe_hash": "<16 hex>",
  "recipe": {dotted curve key: value},        # config/identity.py: operational keys left out
  "env": {...},                               # train/envinfo.py's fingerprint of the run
  "single_environment": true,                 # false: the run resumed under other software
  "data_identity": {...} | null,              # tokenizer hash and shard checksums
- "steps": [1, 2, ...], "loss": [...], "batch_hash": [...],
+ "steps": [0, 1, ...], "loss": [...], "batch_hash": [...],   # 0-based step indices
+
  "evals": [{"step", "val_loss", "val_bpb"}, ...],
  "source": {"run_dir", "recorded_at", "final_step"},
  "checksum": "<xxh3-128 of everything above>"}
@@ -17,6 +18,9 @@ training loss at each of its steps, with what produced it.
 A reference is untrusted input: it is read as JSON only, its size is bounded, every field is
 type-checked, and the checksum (integrity, not authenticity) turns a truncated, damaged or
 hand-edited file into a clear refusal instead of a comparison against the wrong numbers.
+
+Format 1 (the previous release) numbered steps from 1, as `trainguard run` logged them then;
+it is still read (its checksum verified as written), its steps moved to the 0-based index.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from trainguard.reference.noise import Noise, learn_noise
 from trainguard.util.atomic import atomic_write_text
 from trainguard.util.hashing import bytes_checksum
 
-FORMAT = "trainguard-reference/1"
+FORMAT = "trainguard-reference/2"
+FORMAT_1 = "trainguard-reference/1"  # steps from 1: read, converted
 MIN_STEPS = 8  # fewer points leave nothing to learn the noise from
 MAX_BYTES = 256 * 1024 * 1024  # a million steps take about 100 MB
 _RECORD_FIX = "record it again: trainguard reference record RUN_DIR --out REF.json"
@@ -159,7 +164,7 @@ def _unclosed(text: str) -> bool:
 
 
 def reference_from_dict(doc: Any, origin: str = "reference") -> ReferenceCurve:
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, FORMAT_1):
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise _problem(origin, f"is not a trainguard reference (format {got!r}, want {FORMAT!r})")
     expected = {
@@ -187,6 +192,8 @@ def reference_from_dict(doc: Any, origin: str = "reference") -> ReferenceCurve:
     if _checksum(body) != doc["checksum"]:
         raise _problem(origin, "was changed or damaged after it was recorded (checksum mismatch)")
     _check_curve(doc, origin)
+    if doc["format"] == FORMAT_1:  # logged steps counted from 1; the index counts from 0
+        doc = {**doc, "steps": [s - 1 for s in doc["steps"]]}
     return ReferenceCurve(
         recipe_name=doc["recipe_name"],
         recipe_hash=doc["recipe_hash"],

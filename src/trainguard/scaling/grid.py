@@ -1,8 +1,8 @@
 """`scale run`: gating runs over a grid of model sizes x token budgets, one CSV row each.
 
 Each cell is a normal guarded run of the recipe with the cell's overrides, in its own run dir.
-The runner is injected (the CLI passes `train.run.run_recipe`): scaling sits below the run in
-the layers (docs/architecture.md) and never imports it. Rows (name, params, tokens, loss,
+The runner is injected (the CLI passes `train.guarded_run.run_recipe`): scaling sits below the
+run in the layers (docs/architecture.md) and never imports it. Rows (name, params, tokens, loss,
 run_dir) are appended to the CSV as each cell finishes, so an interrupted grid keeps what it
 has; cells already in the CSV are skipped. `jobs` cells run at once (threads that each wait on
 their runner: the runner starts a process of its own, as `data ablate`'s does; an in-process

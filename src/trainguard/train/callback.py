@@ -1,20 +1,26 @@
-"""The callback spine of `trainguard run` (OLMo-core style): what is not the arithmetic of a step
-is a `Callback` that the loop calls at fixed points, with a narrow `RunContext`.
+"""`trainguard.Callback`: the callback spine of `trainguard run` (OLMo-core style). What is not
+the arithmetic of a step is a `Callback` that the loop calls at fixed points, with a narrow
+`RunContext`; `run_recipe(..., callbacks=[...])` adds a user's own beside the run's.
 
-    pre_train        once, after the resume, before the first step
-    pre_step         before step `step` (numbered from 1, as logged) is computed
-    on_phase         the loop enters a phase: data, forward, backward, optimizer, eval, checkpoint
-    post_step        after the step was applied or skipped; `row` is its metrics row
-    post_checkpoint  after a checkpoint of step `step` was committed at `path`
-    post_train       the loop reached train.max_steps (not called when it ends otherwise)
-    on_error         the run is ending with an exception: every callback hears of it
-    close            always, once, last: release what the callback holds
+    pre_train           once, after the resume, before the first step
+    pre_step            before step `step` (the 0-based index of the step) is computed
+    on_phase            step `step` enters a phase: data, forward, backward, optimizer, eval,
+                        checkpoint
+    on_loss             a micro-batch's loss before its backward; may return a replacement
+    pre_optimizer_step  the guard judged the step; return False to veto its update
+    post_optimizer_step the update was applied (or not), before the replica check
+    post_step           after the step was applied or skipped; `row` is its metrics row
+    on_checkpoint_write the checkpointer's writer is writing checkpoint `step` (its thread)
+    post_checkpoint     after a checkpoint of `step` completed steps was committed at `path`
+    post_train          the loop reached train.max_steps (not called when it ends otherwise)
+    on_error            the run is ending with an exception: every callback hears of it
+    close               always, once, last: release what the callback holds
 
 Callbacks run in order of `priority`, higher first (ties: the order given). `state_dict()` of
 every callback is saved in each checkpoint (trainer.json's `callbacks`, under the callback's
 `name`) and handed back to `load_state_dict` on resume, so windows and schedules survive a
 restart. A callback gets what it needs to be built from its constructor, and at run time only
-the context: never the run itself (no module imports `train/run.py`).
+the context: never the run itself (no module imports `train/guarded_run.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.errors import BadInputError
 from trainguard.findings import Finding
 
 if TYPE_CHECKING:
@@ -52,7 +59,7 @@ class RunContext:
     optimizer: Any = None
     findings: list[Finding] = field(default_factory=list)
     """Everything recorded so far (the run's result lists them)."""
-    phase_listener: Callable[[RunContext, str], None] | None = None
+    phase_listener: Callable[[RunContext, str, int], None] | None = None
 
     @property
     def is_main(self) -> bool:
@@ -61,7 +68,7 @@ class RunContext:
 
     @property
     def step(self) -> int:
-        """Completed steps (the logged number of the last one)."""
+        """Completed steps: the 0-based index of the step being computed (or the next one)."""
         return self.progress.step
 
     @property
@@ -79,34 +86,52 @@ class RunContext:
         if self.is_main:
             self.metrics.write({"kind": "event", "step": self.step, "event": event, **fields})
 
-    def set_phase(self, phase: str) -> None:
-        """Tell every callback that the loop enters `phase` (the watchdog, the timers)."""
+    def set_phase(self, phase: str, step: int | None = None) -> None:
+        """Tell every callback that step `step` (default: `self.step`) enters `phase` (the
+        watchdog, the timers, the drills' faults)."""
         if self.phase_listener is not None:
-            self.phase_listener(self, phase)
+            self.phase_listener(self, phase, self.step if step is None else step)
 
 
 class Callback:
-    """Base class: every hook does nothing. Subclasses override what they need."""
+    """Base class of the run's callbacks: every hook does nothing; override what you need.
+
+    A callback is built with what it needs; at run time it gets only the `RunContext`. Its
+    `state_dict()` is saved in every checkpoint under its `name` and handed back to
+    `load_state_dict` on resume (and kept across a rollback)."""
 
     name: ClassVar[str] = ""
     """The key of this callback's state in checkpoints; unique in a run."""
     priority: ClassVar[int] = 0
-    """Higher runs first."""
+    """Higher runs first (ties: the order given)."""
 
     def pre_train(self, ctx: RunContext) -> None:
         """Once, after the resume and before the first step."""
 
     def pre_step(self, ctx: RunContext, step: int) -> None:
-        """Before step `step` is computed."""
+        """Before step `step` (0-based) is computed."""
 
-    def on_phase(self, ctx: RunContext, phase: str) -> None:
-        """The loop enters `phase`."""
+    def on_phase(self, ctx: RunContext, phase: str, step: int) -> None:
+        """Step `step` enters `phase` (data, forward, backward, optimizer, eval, checkpoint)."""
+
+    def on_loss(self, ctx: RunContext, step: int, loss: Any) -> Any:
+        """A micro-batch's loss (a 0-dim tensor) before its backward; return one to replace it."""
+
+    def pre_optimizer_step(self, ctx: RunContext, step: int, decision: Any) -> bool | None:
+        """The guard judged step `step` (`decision`; None when it decides on the device and
+        tells a step later) and would apply it: return False to veto the update."""
+
+    def post_optimizer_step(self, ctx: RunContext, step: int) -> None:
+        """Step `step`'s update was applied or discarded, before the replicas are compared."""
 
     def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
         """Step `step` is done (applied or skipped); `row` is its metrics row."""
 
+    def on_checkpoint_write(self, ctx: RunContext, step: int) -> None:
+        """Checkpoint `step` is being written (the checkpointer's writer thread)."""
+
     def post_checkpoint(self, ctx: RunContext, step: int, path: str) -> None:
-        """The checkpoint of step `step` is committed at `path`."""
+        """The checkpoint of `step` completed steps is committed at `path`."""
 
     def post_train(self, ctx: RunContext) -> None:
         """The loop reached the last step."""
@@ -125,7 +150,18 @@ class Callback:
         """Take back what `state_dict` returned ({} when the checkpoint has nothing)."""
 
 
-_HOOKS = ("pre_train", "pre_step", "on_phase", "post_step", "post_checkpoint", "post_train")
+_HOOKS = (
+    "pre_train",
+    "pre_step",
+    "on_phase",
+    "on_loss",
+    "pre_optimizer_step",
+    "post_optimizer_step",
+    "post_step",
+    "on_checkpoint_write",
+    "post_checkpoint",
+    "post_train",
+)
 
 
 class Callbacks:
@@ -137,7 +173,11 @@ class Callbacks:
         self.all = sorted(callbacks, key=lambda cb: -cb.priority)  # stable: ties keep order
         names = [cb.name for cb in self.all]
         if len(set(names)) != len(names) or "" in names:
-            raise ValueError(f"callback names must be unique and non-empty, got {names}")
+            raise BadInputError(  # a user's callback (run_recipe(callbacks=...)) among them
+                f"callback names must be unique and non-empty, got {names}",
+                "give each trainguard.Callback subclass its own class attribute `name` (the "
+                "key of its state in checkpoints)",
+            )
         self._hooks = {
             hook: [cb for cb in self.all if getattr(type(cb), hook) is not getattr(Callback, hook)]
             for hook in _HOOKS
@@ -145,6 +185,10 @@ class Callbacks:
 
     def __iter__(self):
         return iter(self.all)
+
+    def order(self) -> list[str]:
+        """The callbacks' names in the order they run (logged at the start of a run)."""
+        return [cb.name for cb in self.all]
 
     def get(self, name: str) -> Callback | None:
         return next((cb for cb in self.all if cb.name == name), None)
@@ -157,13 +201,41 @@ class Callbacks:
         for cb in self._hooks["pre_step"]:
             cb.pre_step(ctx, step)
 
-    def on_phase(self, ctx: RunContext, phase: str) -> None:
+    def on_phase(self, ctx: RunContext, phase: str, step: int) -> None:
         for cb in self._hooks["on_phase"]:
-            cb.on_phase(ctx, phase)
+            cb.on_phase(ctx, phase, step)
+
+    def on_loss(self, ctx: RunContext, step: int, loss: Any) -> Any:
+        for cb in self._hooks["on_loss"]:
+            replaced = cb.on_loss(ctx, step, loss)
+            loss = loss if replaced is None else replaced
+        return loss
+
+    def pre_optimizer_step(self, ctx: RunContext, step: int, decision: Any) -> str | None:
+        """The name of the first callback that vetoes step `step`'s update, or None. Every
+        callback is asked (each sees the step), in order."""
+        vetoed = None
+        for cb in self._hooks["pre_optimizer_step"]:
+            if cb.pre_optimizer_step(ctx, step, decision) is False and vetoed is None:
+                vetoed = cb.name
+        return vetoed
+
+    def post_optimizer_step(self, ctx: RunContext, step: int) -> None:
+        for cb in self._hooks["post_optimizer_step"]:
+            cb.post_optimizer_step(ctx, step)
+
+    @property
+    def hears_loss(self) -> bool:
+        """Whether a callback looks at the loss (`on_loss`); the step skips the call if not."""
+        return bool(self._hooks["on_loss"])
 
     def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
         for cb in self._hooks["post_step"]:
             cb.post_step(ctx, step, row)
+
+    def on_checkpoint_write(self, ctx: RunContext, step: int) -> None:
+        for cb in self._hooks["on_checkpoint_write"]:
+            cb.on_checkpoint_write(ctx, step)
 
     def post_checkpoint(self, ctx: RunContext, step: int, path: str) -> None:
         for cb in self._hooks["post_checkpoint"]:

@@ -1,6 +1,7 @@
 """The parts of `trainguard run`'s loop, wired (`compose`): the sampler, the guard with its
-distributed part, the trainer, the callbacks in their order, and the state every checkpoint
-holds. `train/run.py` builds the model and data first and restores into the result."""
+distributed part, the step's arithmetic, the callbacks in their order (the fire drills' faults
+among them when a plan is active), and the state every checkpoint holds.
+`train/guarded_run.py` builds the model and data first and restores into the result."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from trainguard.findings import Finding
 from trainguard.guard.core import Guard
 from trainguard.guard.distributed.guards import DistributedGuards
 from trainguard.reference.select import Selected
+from trainguard.train import saving
 from trainguard.train.callback import Callback, Callbacks, RunContext
+from trainguard.train.callbacks.checkpoint import CheckpointCallback
 from trainguard.train.callbacks.distributed import DistributedGuardsCallback
 from trainguard.train.callbacks.evals import EvalsCallback
+from trainguard.train.callbacks.faults import FaultsCallback
 from trainguard.train.callbacks.goodput import GoodputCallback
 from trainguard.train.callbacks.preflight import PreflightCallback
 from trainguard.train.callbacks.reference import ReferenceCallback
@@ -28,9 +32,9 @@ from trainguard.train.callbacks.resume import ResumeCallback
 from trainguard.train.callbacks.steplog import StepLogCallback
 from trainguard.train.callbacks.validation import ValidationCallback
 from trainguard.train.callbacks.watchdog import WatchdogCallback
-from trainguard.train.compute import Trainer
+from trainguard.train.compute import StepMath
 from trainguard.train.distributed import Dist
-from trainguard.train.spine import Loop
+from trainguard.train.loop import Loop
 
 
 @dataclass
@@ -59,8 +63,9 @@ def compose(
 ) -> Composed:
     """Everything the loop is made of, around `ctx.model` and `ctx.optimizer`. `on_hang` and
     `on_timeout` run just before the process exits 3 for a restart (the hung-rank diagnosis,
-    the hang watchdog); `reference`: the curve the run is compared with, if any; `extra`: more
-    callbacks beside the run's own."""
+    the hang watchdog); `reference`: the curve the run is compared with, if any; `faults`: the
+    fire drill's plan (a `FaultsCallback` when active); `extra`: more callbacks beside the
+    run's own (the user's among them)."""
     r, t, world = ctx.recipe, ctx.recipe.train, dist.world
     global_batch = t.batch_size * t.grad_accum  # sequences per optimizer step (the full batch)
     sampler = ElasticSampler(
@@ -83,24 +88,25 @@ def compose(
     # One epoch of the data order, in steps: the period a poor shuffle would show. The guard
     # owns the distributed part, so that the part's state is saved and survives rollbacks.
     guard = Guard(config=r.guards, data_period=sampler.num_samples / global_batch, distributed=part)
-    trainer = Trainer(
+    math = StepMath(
         r,
         ctx.model,
         ctx.optimizer,
         data.train,
         data.val,
+        sampler,
         world=world,
-        faults=faults,
         device=ctx.device,
         # DDP (several processes) broadcasts rank 0's initial weights; None for one process.
         ddp_model=dist.wrap(ctx.model, t.precision),
-        on_phase=lambda phase, step: ctx.set_phase(phase),
-        sampler=sampler,
+        on_phase=ctx.set_phase,
     )
     resume = ResumeCallback(env)
-    validation = ValidationCallback(trainer, _offtrack(r))
+    validation = ValidationCallback(math, _offtrack(r))
+    checkpoints = CheckpointCallback()
     found: list[Callback] = [StepLogCallback(), resume, DistributedGuardsCallback(part), validation]
     found.append(GoodputCallback(checkpointer))  # the timing rows of goodput accounting
+    found.append(checkpoints)
     if r.preflight.enabled:
         found.append(PreflightCallback(data, evals))
     watchdog = None
@@ -116,8 +122,14 @@ def compose(
 
         schedule = EvalSchedule(r.evals, data.tokenizer, r.data, t.eval_interval, ctx.device)
         found.append(EvalsCallback(schedule))
+    writing: list = []  # the Loop's: the checkpoints being written in the background
+    if faults.active:  # fire drills and crash tests (TRAINGUARD_INJECT)
+        settle = lambda: writing[-1][1].wait() if writing else None  # noqa: E731
+        found.append(FaultsCallback(faults, sampler.position, settle, checkpointer.wait_copied))
     callbacks = Callbacks([*found, *extra])
     ctx.phase_listener = callbacks.on_phase
+    if callbacks.hears_loss:  # nothing is called per micro-batch unless a callback listens
+        math.on_loss = lambda step, loss: callbacks.on_loss(ctx, step, loss)
     state = {
         "model": ctx.model,
         "optimizer": ctx.optimizer,
@@ -134,7 +146,8 @@ def compose(
         "recipe_hash": recipe_hash(recipe),
         "env": env,
     }
-    loop = Loop(ctx, trainer, sampler, guard, checkpointer, callbacks, state, faults, meta)
+    loop = Loop(ctx, math, sampler, guard, checkpointer, callbacks, state, meta, writing)
+    checkpoints.save = lambda step: saving.save_checkpoint(loop, step)
     return Composed(loop, resume, validation, watchdog)
 
 

@@ -5,10 +5,10 @@ this module only computes. It never syncs with the host except where marked: the
 gradient norm, which every guard needs, once per step (none when the guard decides on the
 device, `guards.decide_on`).
 
-Each rank reads the sampler's layout of a global batch (`data/sampler.py`): its contiguous
-slice (`rank_slice`), split into micro-batches of `batch_size / ranks` sequences: `grad_accum` of
-them, or under a batch-size ramp (`train.batch_ramp`) as many as the step's size holds. The
-global batch, and so its hash, does not depend on the rank count.
+Each rank reads its micro-batches from the run's `ElasticSampler` (`micro_batch_ids`: its
+contiguous slice of the global batch in micro-batches of `batch_size / ranks` sequences,
+`grad_accum` of them, or under a batch-size ramp (`train.batch_ramp`) as many as the step's size
+holds). The global batch, and so its hash, does not depend on the rank count.
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from trainguard.config.schema import Recipe
-from trainguard.data.order import batch_hash, rank_slice
+from trainguard.data.order import batch_hash
 from trainguard.data.sampler import ElasticSampler
-from trainguard.faults import FaultPlan
-from trainguard.guard.device import PendingStep
+from trainguard.guard.judgement import Judgement
 from trainguard.train.distributed import World
 from trainguard.train.optim import Optimizer
 from trainguard.train.schedule import LrSchedule
@@ -50,7 +49,7 @@ class StepResult:
     """Each MoE layer's router counts for this step (all ranks summed); None when dense."""
     router_counts: torch.Tensor | None = None
     """The device path: the same counts unread, a snapshot on the device
-    (`Trainer.router_stats_from(router_counts.tolist())` once the step is read back)."""
+    (`StepMath.router_stats_from(router_counts.tolist())` once the step is read back)."""
 
 
 def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -59,8 +58,9 @@ def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContex
     return contextlib.nullcontext()
 
 
-class Trainer:
-    """Holds the model, optimizer and data order; computes steps and evaluations."""
+class StepMath:
+    """The arithmetic of a step and of an evaluation over the model, optimizer and the run's
+    sampler; it decides nothing (the loop, `train/spine.py`, does)."""
 
     def __init__(
         self,
@@ -69,15 +69,18 @@ class Trainer:
         optimizer: Optimizer,
         train_data,  # data.shards.TokenDataset
         val_data,
+        sampler: ElasticSampler,
         *,
         world: World | None = None,
-        faults: FaultPlan | None = None,
         device: torch.device | None = None,
         ddp_model: torch.nn.Module | None = None,
         on_phase: Callable[[str, int], None] | None = None,
+        on_loss: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
         schedule: LrSchedule | None = None,
-        sampler: ElasticSampler | None = None,
     ) -> None:
+        """`on_phase(phase, step)`: the step enters a phase (the callbacks' `on_phase`);
+        `on_loss(step, loss)`: each micro-batch's loss before its backward, replaced by what it
+        returns (None: no callback looks at it, nothing is called)."""
         self.recipe = recipe
         self.model = model
         # The module we call forward/backward on: the DDP wrapper when data parallel.
@@ -86,24 +89,13 @@ class Trainer:
         self.train_data = train_data
         self.val_data = val_data
         self.world = world or World()
-        self.faults = faults or FaultPlan()
         self.device = device or torch.device("cpu")
         self.on_phase = on_phase or (lambda phase, step: None)
+        self.on_loss = on_loss
         t = recipe.train
         self.seq_len = recipe.data.seq_len
-        self.global_batch = t.batch_size * t.grad_accum  # sequences per full optimizer step
         # The run's sampler: each step's global batch (its size under a ramp, its skips).
-        self.sampler = (
-            sampler
-            if sampler is not None  # `or` would ask an endless sampler for its len()
-            else ElasticSampler(
-                train_data.num_samples(self.seq_len),
-                global_batch_size=t.batch_ramp or self.global_batch,
-                seed=t.seed,
-                rank=self.world.rank,
-                world_size=self.world.size,
-            )
-        )
+        self.sampler = sampler
         self.params = [p for p in model.parameters() if p.requires_grad]
         # The recipe's cosine unless a resume extended it (train/schedule.py).
         self.schedule = schedule or LrSchedule.planned(t.warmup_steps, t.min_lr_ratio, t.max_steps)
@@ -114,10 +106,6 @@ class Trainer:
             if callable(getattr(m, "router_counts", None))
         ]
 
-    def _phase(self, name: str, step: int) -> None:
-        self.on_phase(name, step)
-        self.faults.at(name, step)
-
     def _micro_batch(self, dataset, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples `ids` of `dataset` (the train or the validation split) as inputs, targets."""
         tokens = torch.from_numpy(dataset.samples(ids, self.seq_len))  # (b, T+1)
@@ -127,25 +115,25 @@ class Trainer:
     def forward_backward(self, step: int, position: int, on_host: bool = True) -> StepResult:
         """Gradients of the global batch at `position`, accumulated over micro-batches.
 
-        `step` is the 1-based number of the step being computed (the `step` of its log row).
-        `on_host=False` leaves the loss and gradient norm on the device (no host sync) for the
-        guard's device path.
+        `step` is the 0-based index of the step being computed (the sampler's, the `step` of
+        its log row). `on_host=False` leaves the loss and gradient norm on the device (no host
+        sync) for the guard's device path.
         """
         t = self.recipe.train
-        self.faults.collapse_router(step, self.model)
         for _, router in self.routers:
             router.reset_router_stats()  # count this step's forwards only (not evals, reruns)
         data_t0 = time.perf_counter()
-        self._phase("data", step)
+        self.on_phase("data", step)
         # (G,) global, rank-independent: the sampler's batch of this step, which starts at
-        # `position` (the loop reads it from the same sampler).
-        ids = self.sampler.batch_ids(step - 1)
-        accum = len(ids) // t.batch_size  # grad_accum, or fewer while a ramp is below it
-        mine = rank_slice(ids, self.world.rank, self.world.size)  # (G/W,) this rank's slice
+        # `position` (the loop reads it from the same sampler); its hash is the row's.
+        ids = self.sampler.batch_ids(step)
+        # This rank's slice in micro-batches: grad_accum, or fewer while a ramp is below it.
+        micro = self.sampler.micro_batch_ids(step)  # A x (G/W/A,)
+        accum = len(micro)
         data_time = time.perf_counter() - data_t0
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
-        for k, micro_ids in enumerate(np.split(mine, accum)):  # (G/W/A,) each
+        for k, micro_ids in enumerate(micro):  # (G/W/A,) each
             data_t0 = time.perf_counter()
             x, y = self._micro_batch(self.train_data, micro_ids)
             data_time += time.perf_counter() - data_t0
@@ -154,17 +142,18 @@ class Trainer:
             sync = (
                 contextlib.nullcontext() if last or self.net is self.model else self.net.no_sync()
             )
-            with sync, self.faults.transient_bitflip(step, self.model):
-                self._phase("forward", step)
+            with sync:
+                self.on_phase("forward", step)
                 with _autocast(t.precision, self.device):
                     logits = self.net(x)  # (b, T, V)
                     loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                    loss = self.faults.corrupt_loss(step, position, loss)
+                    if self.on_loss is not None:  # a callback's (the drills' poisoned batch)
+                        loss = self.on_loss(step, loss)
                     aux = self.model.aux_loss() if hasattr(self.model, "aux_loss") else 0.0
-                self._phase("backward", step)
+                self.on_phase("backward", step)
                 ((loss + aux) / accum).backward()
             loss_sum += loss.detach()
-        self._phase("optimizer", step)
+        self.on_phase("optimizer", step)
         # Norm before clipping: the guard judges the raw gradient. max_norm=inf only measures.
         clip = t.grad_clip if t.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
@@ -211,22 +200,22 @@ class Trainer:
             start += n
         return out
 
-    def apply_update(self, step: int, pending: PendingStep | None = None) -> float:
-        """Set step `step`'s (1-based) learning rates and apply the update; with `pending`
-        (`Guard.step_async`'s), only if the device let it through.
+    def apply_update(self, step: int, judgement: Judgement | None = None) -> float:
+        """Set step `step`'s (0-based) learning rates and apply the update; with `judgement`
+        (`Guard.judge`'s) as judged: applied, skipped, or masked on the device.
 
         Returns train.lr's scheduled value, the `lr` of the step's log row."""
         t = self.recipe.train
         # One schedule factor for every group; each group scales its own peak (Muon's matrices
         # and AdamW's embeddings have different peaks). Groups without `peak_lr` come from a
         # checkpoint written before groups carried it: their peak was train.lr.
-        factor = self.schedule.factor(step - 1)
+        factor = self.schedule.factor(step)
         for group in self.optimizer.param_groups:
             group["lr"] = group.get("peak_lr", t.lr) * factor
-        if pending is None:
+        if judgement is None:
             self.optimizer.step()
         else:
-            pending.optimizer_step(self.optimizer)
+            judgement.optimizer_step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         return t.lr * factor
 

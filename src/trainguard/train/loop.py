@@ -1,6 +1,6 @@
-"""`Loop`: what `trainguard run`'s loop is made of, built by `train/run.py` and handed to the
-spine (`spine.py`), the device path (`device_steps.py`), the actions (`actions.py`) and the saves
-(`saving.py`). Its own module, so that those four share it without importing each other.
+"""`Loop`: what `trainguard run`'s loop is made of, built by `train/compose.py` and handed to
+the spine (`spine.py`), the device path (`device_steps.py`), the actions (`actions.py`) and the
+saves (`saving.py`). Its own module, so that those four share it without importing each other.
 """
 
 from __future__ import annotations
@@ -11,25 +11,23 @@ from typing import Any
 from trainguard.checkpoint.checkpointer import Checkpointer
 from trainguard.checkpoint.results import AsyncSave
 from trainguard.data.sampler import ElasticSampler
-from trainguard.faults import FaultPlan
 from trainguard.guard.core import Guard
 from trainguard.train.callback import Callbacks, RunContext
-from trainguard.train.compute import Trainer
+from trainguard.train.compute import StepMath
 
 
 @dataclass
 class Loop:
-    """What the loop is made of (built by `train/run.py`)."""
+    """What the loop is made of (built by `train/compose.py`)."""
 
     ctx: RunContext
-    trainer: Trainer
+    math: StepMath
     sampler: ElasticSampler
     guard: Guard
     checkpointer: Checkpointer
     callbacks: Callbacks
     state: dict[str, Any]
     """What every checkpoint holds and a rollback restores (train/run_state.py)."""
-    faults: FaultPlan = field(default_factory=FaultPlan)
     checkpoint_meta: dict[str, Any] = field(default_factory=dict)
     """Written into each checkpoint's manifest (the data's identity, for D104 on resume)."""
     writing: list[tuple[int, AsyncSave]] = field(default_factory=list)
@@ -37,5 +35,5 @@ class Loop:
     oldest first: each one's step and the Checkpointer's handle."""
 
     def step_tokens(self, step: int) -> int:
-        """Tokens the 1-based step `step` reads (its global batch, which a ramp sizes)."""
-        return self.sampler.global_batch_size_at(step - 1) * self.ctx.recipe.data.seq_len
+        """Tokens step `step` (0-based) reads (its global batch, which a ramp sizes)."""
+        return self.sampler.global_batch_size_at(step) * self.ctx.recipe.data.seq_len

@@ -29,9 +29,10 @@ if TYPE_CHECKING:
     from trainguard.train.loop import Loop
 
 
-def checkpoint_due(recipe: Recipe, step: int) -> bool:
-    """Whether the run saves after `step`: every `checkpoint.interval` steps and at the end."""
-    return step % recipe.checkpoint.interval == 0 or step == recipe.train.max_steps
+def checkpoint_due(recipe: Recipe, completed: int) -> bool:
+    """Whether the run saves once `completed` steps are done (after step index `completed - 1`):
+    every `checkpoint.interval` steps and at the end."""
+    return completed % recipe.checkpoint.interval == 0 or completed == recipe.train.max_steps
 
 
 def checkpoint_queue(recipe: Recipe) -> dict[str, Any]:
@@ -44,32 +45,33 @@ def checkpoint_queue(recipe: Recipe) -> dict[str, Any]:
 
 
 def save_checkpoint(loop: Loop, step: int) -> None:
-    """Every rank takes part; rank 0 writes (temp name, manifest last, rename). In the
+    """The checkpoint after step `step` (0-based): `step + 1` completed steps. Every rank
+    takes part; rank 0 writes (temp name, manifest last, rename). In the
     background by default (`checkpoint.async_save`): the loop waits only for room in the queue
     (`checkpoint.queue`; never with `when_full: skip` but at the last save) and for its small
     state to be copied (the weights and the optimizer state are copied in the background:
     `spine.train_step` waits for that before its update); a crash mid-write leaves the
     previous checkpoint as it was, and a snapshot still queued is simply not a checkpoint."""
     ctx = loop.ctx
-    loop.faults.at("checkpoint", step)  # fire drills: kill@N:checkpoint
-    ctx.set_phase("checkpoint")
+    ctx.set_phase("checkpoint", step)  # fire drills: kill@N:checkpoint strikes here
     checkpointer = loop.checkpointer
-    last = step == ctx.recipe.train.max_steps
+    completed = step + 1
+    last = completed == ctx.recipe.train.max_steps
     if checkpointer.when_full != "skip" or last:
         with _write_failure():  # with a full queue: the oldest write first (counted)
             checkpointer.make_room()
     settle(loop, hold=len(loop.writing))  # the writes that have ended, in order
     meta = {"tokens_seen": ctx.tokens_seen, **loop.checkpoint_meta}
     with _write_failure():
-        saved = checkpointer.save(step, loop.state, meta=meta, may_skip=not last)
+        saved = checkpointer.save(completed, loop.state, meta=meta, may_skip=not last)
     if isinstance(saved, AsyncSave):
         if saved.skipped:  # the queue was full (C124): the earlier saves are still written
             ctx.record(saved.findings)
         else:
-            loop.writing.append((step, saved))
+            loop.writing.append((completed, saved))
         return
     ctx.record(checkpointer.last_findings)  # e.g. a damaged step moved to quarantine
-    loop.callbacks.post_checkpoint(ctx, step, str(saved))
+    loop.callbacks.post_checkpoint(ctx, completed, str(saved))
 
 
 def settle(loop: Loop, hold: int) -> None:

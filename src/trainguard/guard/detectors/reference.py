@@ -85,7 +85,7 @@ class ReferenceMonitor:
         self._reset()
 
     def _reset(self) -> None:
-        self.last_step = 0
+        self.last_step = -1  # steps count from 0
         self.stopped: str | None = None
         self.compared = 0
         self.max_abs_diff = 0.0
@@ -117,7 +117,7 @@ class ReferenceMonitor:
         ]
 
     def update(self, step: int, metrics: dict[str, Any]) -> list[Finding]:
-        """Compare step `step` (1-based, as logged): `metrics["loss"]` and, when given,
+        """Compare step `step` (0-based, as logged): `metrics["loss"]` and, when given,
         `metrics["batch_hash"]`."""
         ref = self.reference
         i = ref.index.get(step)
@@ -148,7 +148,9 @@ class ReferenceMonitor:
             self.bitwise_departure = step
             out += self._bitwise_finding(step, float(loss), float(ref.loss[i]), d)
         self._accumulate(step, d)
-        if self.band_departure is None and (step % self.interval == 0 or step == ref.steps[-1]):
+        # A verdict after every `interval` steps done (steps count from 0), and at the end.
+        done = step + 1
+        if self.band_departure is None and (done % self.interval == 0 or step == ref.steps[-1]):
             out += self._band_verdict(step)
         if step == ref.steps[-1]:
             out.append(self._summary_finding(step))

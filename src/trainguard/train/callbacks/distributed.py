@@ -36,14 +36,14 @@ class DistributedGuardsCallback(Callback):
     def pre_train(self, ctx: RunContext) -> None:
         self.part.start()
 
-    def on_phase(self, ctx: RunContext, phase: str) -> None:
+    def on_phase(self, ctx: RunContext, phase: str, step: int) -> None:
         self.part.mark(phase)
         self._long_phase = self._long_phase or phase in LONG_PHASES
 
     def pre_step(self, ctx: RunContext, step: int) -> None:
         if self._long_phase:
             self._long_phase = False
-            self.part.sync(step - 1)  # host sync: every rank waits here for the slowest
+            self.part.sync(step)  # host sync: every rank waits here for the slowest
 
     def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
         if self.part.last_timings is not None:

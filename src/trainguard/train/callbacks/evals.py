@@ -22,7 +22,8 @@ class EvalsCallback(Callback):
         self._maybe_run(ctx, ctx.step)  # the baseline (or nothing, if this step had its evals)
 
     def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
-        self._maybe_run(ctx, step, final=step == ctx.recipe.train.max_steps)
+        done = step + 1  # the schedule counts completed steps (0: the baseline)
+        self._maybe_run(ctx, done, final=done == ctx.recipe.train.max_steps)
 
     def _maybe_run(self, ctx: RunContext, step: int, final: bool = False) -> None:
         if not self.schedule.due(step, final=final):

@@ -56,7 +56,7 @@ class GoodputCallback(Callback):
         ctx.metrics.write(row)
         self.copy_wait = getattr(self.checkpointer, "copy_wait_s", 0.0)
 
-    def on_phase(self, ctx: RunContext, phase: str) -> None:
+    def on_phase(self, ctx: RunContext, phase: str, step: int) -> None:
         if self.open is not None and self.open[0] != phase:
             self._close_phase(ctx)
         if self.open is None and phase in _TIMED:

@@ -3,7 +3,7 @@ recipe): which reference, whether to expect the same bits, the environment diffe
 report next to a departure (H101), and every finished step's loss and batch hash fed to the
 pure `guard/detectors/reference.py` (R501-R507).
 
-The reference is selected when the run starts (`train/run.py`, before any expensive work: an
+The reference is selected when the run starts (`train/guarded_run.py`, before any expensive work: an
 unreadable one, or another recipe's without `reference.force`, is exit 2 at once); the monitor
 is built here once the thread count is applied and the data prepared, before the resume, so
 that a checkpoint's comparison state can be handed back to it.

@@ -15,14 +15,14 @@ from typing import Any
 
 from trainguard.checkpoint.target import run_checkpoint_root
 from trainguard.data.sampler import ElasticSampler
-from trainguard.metrics.record import write_run_info
+from trainguard.metrics.record import SCHEMA_VERSION, write_run_info
 from trainguard.train.callback import Callback, RunContext
 from trainguard.train.rundir import write_recipe
 from trainguard.util.atomic import atomic_copy
 
-# The step rows' numbering this loop writes, in run.json: 1 while `trainguard run` logs
-# completed steps (1-based, the reader converts), SCHEMA_VERSION once its rows are 0-based.
-ROWS_SCHEMA = 1
+# The step rows' numbering this loop writes, in run.json: its rows count steps from 0 as every
+# loop's do (schema 2); a run dir without run.json is an earlier release's, read converted.
+ROWS_SCHEMA = SCHEMA_VERSION
 
 
 class RunFilesCallback(Callback):

@@ -21,7 +21,7 @@ class StepLogCallback(Callback):
     def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
         if ctx.is_main:
             ctx.metrics.write(row)
-        ctx.display.update(step, row["loss"], row["tokens_per_s"])
+        ctx.display.update(step + 1, row["loss"], row["tokens_per_s"])  # steps done
 
     def post_checkpoint(self, ctx: RunContext, step: int, path: str) -> None:
         if ctx.is_main:  # at the checkpoint's step: a resume's cut keeps exactly those it kept

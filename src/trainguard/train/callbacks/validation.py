@@ -9,22 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.train.callback import Callback, RunContext
-from trainguard.train.compute import Trainer
+from trainguard.train.compute import StepMath
 
 
 class ValidationCallback(Callback):
     name = "validation"
     priority = 50
 
-    def __init__(self, trainer: Trainer, offtrack: Any = None) -> None:
-        self.trainer = trainer
+    def __init__(self, math: StepMath, offtrack: Any = None) -> None:
+        self.math = math
         self.offtrack = offtrack  # scaling.offtrack.OffTrackMonitor, or None
         self.last: dict[str, float] = {}
         """The latest evaluation of this process: the run's final val_loss and val_bpb."""
 
     def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:
-        t = ctx.recipe.train
-        if step % t.eval_interval == 0 or step == t.max_steps:
+        t, done = ctx.recipe.train, step + 1  # the eval row says how many steps are done
+        if done % t.eval_interval == 0 or done == t.max_steps:
             self.evaluate(ctx)
 
     def post_train(self, ctx: RunContext) -> None:
@@ -33,7 +33,7 @@ class ValidationCallback(Callback):
 
     def evaluate(self, ctx: RunContext) -> None:
         ctx.set_phase("eval")
-        result = self.trainer.evaluate()
+        result = self.math.evaluate()
         self.last = result
         if ctx.is_main:
             ctx.metrics.write(

@@ -39,7 +39,7 @@ class WatchdogCallback(Callback):
     def pre_train(self, ctx: RunContext) -> None:
         self.watchdog.start()
 
-    def on_phase(self, ctx: RunContext, phase: str) -> None:
+    def on_phase(self, ctx: RunContext, phase: str, step: int) -> None:
         self.watchdog.set_phase(phase)
 
     def post_step(self, ctx: RunContext, step: int, row: dict[str, Any]) -> None:

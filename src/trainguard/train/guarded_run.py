@@ -7,9 +7,10 @@ This module composes the run from its parts and is imported by nothing in `train
     ElasticSampler        the data order, skipped ranges after a rollback, batch hashes
     Checkpointer          verified checkpoints in the format every loop gets (run_state.py)
     Guard                 the detectors and their actions, with its DistributedGuards part
-    Trainer               the arithmetic of a step and of an evaluation (train/compute.py)
+    StepMath              the arithmetic of a step and of an evaluation (train/compute.py)
     callbacks             pre-flight, the resume's record, step rows, the multi-process
-                          guards' wiring, the hang watchdog, validation loss, use-case evals
+                          guards' wiring, the hang watchdog, validation loss, use-case evals,
+                          the drills' faults, and the user's own (`run_recipe(callbacks=...)`)
 
 and `train/spine.py` runs them: `train_step` is one step, top to bottom.
 """
@@ -41,6 +42,7 @@ from trainguard.train.callbacks.watchdog import WatchdogCallback
 from trainguard.train.compose import compose
 from trainguard.train.distributed import Dist, init_distributed
 from trainguard.train.envinfo import environment_fingerprint
+from trainguard.train.loop import Loop
 from trainguard.train.optim import build_optimizer
 from trainguard.train.outcome import RunResult, close_run, hang_outcome
 from trainguard.train.progress import ProgressDisplay
@@ -55,7 +57,7 @@ from trainguard.train.resume import (
     start_fresh,
 )
 from trainguard.train.run_state import RunState
-from trainguard.train.spine import Loop, train
+from trainguard.train.spine import train
 
 __all__ = ["run_recipe"]
 
@@ -199,7 +201,7 @@ class Run:
         # C107 for a history without checkpoints; a symlink or file where the run will write.
         refusals.on_main(dist, lambda: refusals.refuse_to_start(r, self.run_dir, root, step))
         self._begin(doctor)  # nothing refused: the run dir is written from here on
-        loop.trainer.schedule = ctx.progress.schedule = schedule
+        loop.math.schedule = ctx.progress.schedule = schedule
         found = list(checkpointer.last_findings)  # damaged steps passed over, junk, C121
         if step is not None:
             self.resumed_from = step
@@ -222,11 +224,11 @@ class Run:
 
     # -- hangs: the process is about to exit 3 for a restart ------------------------------------
     def _checkpoint_phase(self, phase: str, step: int) -> None:
-        """The Checkpointer's phases: at "payload_written" the payload is on disk, its
-        checksums, manifest and rename not yet (fire drills kill the process there:
-        `kill@N:checkpoint_write`)."""
-        if phase == "payload_written":
-            self.faults.at("checkpoint_write", step)
+        """The Checkpointer's phases: at "payload_written" the payload of checkpoint `step` is
+        on disk, its checksums, manifest and rename not yet; the callbacks hear of it there
+        (fire drills kill the process: `kill@N:checkpoint_write`)."""
+        if phase == "payload_written" and self.loop is not None:
+            self.loop.callbacks.on_checkpoint_write(self.ctx, step)
 
     def _hang_reported(self, finding: Finding) -> None:
         """Hand `on_end` the outcome first (the watchdog's thread, or the diagnosis)."""
@@ -301,8 +303,12 @@ def run_recipe(
     fresh: bool = False,
     accept_data_change: bool = False,
     on_end: Callable[[RunResult], None] | None = None,
+    callbacks: Sequence[Callback] = (),
 ) -> RunResult:
     """The whole guarded run. Resumes automatically when the run dir has checkpoints.
+
+    `callbacks`: your own `trainguard.Callback`s, run beside the run's (in `priority` order;
+    the order is logged at the start), their `state_dict` kept in every checkpoint.
 
     `evals=False` trains without use-case evals on purpose (`trainguard run --no-evals`);
     `fresh=True` first moves the previous run aside (`start_fresh`) and starts at step 0.
@@ -327,6 +333,7 @@ def run_recipe(
                     evals=evals,
                     accept_data_change=accept_data_change,
                     on_end=on_end,
+                    callbacks=callbacks,
                 )
                 _run_phases(run, report, fresh)
         finally:
