@@ -478,8 +478,8 @@ ROWS = [
     row(
         "reference-record-metrics-loss-of-400-digits",
         *("reference", "record", "{finished_big}", "--out", "{out}/r.json"),
-        # the previous release's row of step 3 (completed steps) is 0-based step 2 (issue 22)
-        says=("non-finite loss at step 2",),
+        # the run record counts steps from 0: the row of step 3 (issue 22)
+        says=("non-finite loss at step 3",),
     ),
     # --- recipes --------------------------------------------------------------------------
     row("recipes-unknown-option", "recipes", "--bogus", says=("--bogus",)),
@@ -1647,6 +1647,7 @@ class Workspace:
         ]
         rows.append({"kind": "event", "step": 8, "event": "end"})
         _write(run / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        _write(run / "run.json", json.dumps({"schema_version": 2}))  # a record counted from 0
         from trainguard.config.identity import curve_recipe
         from trainguard.config.load import recipe_to_dict, validate_recipe
         from trainguard.reference.curve import ReferenceCurve

@@ -77,12 +77,15 @@ def test_report_md_escapes_names_and_messages(tmp_path: Path) -> None:
 
     info = {
         "run_dir": tmp_path / "r<b>",
+        "loop": "trainguard run",
         "recipe": {"name": "<img src=x onerror=alert(1)>|x"},
         "steps": [],
         "evals": [],
         "findings": [{"code": "N999", "severity": "error", "step": 3, "message": "*[a](b)* <i>"}],
-        "checkpoints": [{"step": 4, "valid": False, "problem": "<script>"}],
+        "checkpoints": [{"step": 4, "valid": False, "status": "<b>", "problem": "<script>"}],
         "skipped": ["metrics.jsonl:2: <x>"],
+        "decisions": [],
+        "goodput": {},
     }
     md = render_markdown(info)
     assert "<" not in md and ">" not in md.replace("&gt;", "")

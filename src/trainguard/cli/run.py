@@ -242,72 +242,107 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Prepare data, run pre-flight checks, train with verified checkpoints and auto-resume,
         evaluate, and write a report. Running it again in the same run dir resumes."""
-        from trainguard.config.load import load_recipe, recipe_to_dict
-        from trainguard.reference.select import select_reference
-        from trainguard.train.guarded_run import run_recipe
-        from trainguard.train.launch import check_launch_args
-        from trainguard.util.processes import check_local_processes
+        status = start_run(
+            recipe=recipe,
+            run_dir=run_dir,
+            overrides=overrides,
+            as_json=as_json,
+            quiet=quiet,
+            no_evals=no_evals,
+            nproc=nproc,
+            oversubscribe=oversubscribe,
+            max_restarts=max_restarts,
+            fresh=fresh,
+            doctor=doctor,
+            accept_data_change=accept_data_change,
+            force=force,
+        )
+        raise typer.Exit(status)
 
-        out = _RunOutput(as_json, quiet)
-        folder = run_dir
-        try:
-            check_launch_args(nproc, max_restarts)  # --max-restarts -1 is wrong without --nproc too
-            if doctor:
-                overrides = [*(overrides or []), "preflight.doctor=true"]
-            if force:
-                overrides = [*(overrides or []), "reference.force=true"]
-            resolved = load_recipe(recipe, overrides)  # bad recipes fail here, before any launch
-            select_reference(recipe_to_dict(resolved))  # so do bad or mismatched references
-            folder = run_dir or Path("runs") / resolved.name
-            # The run writes metrics, checkpoints and reports into its run dir: never into the
-            # corpus (which would also change the data under a resumed run). Resuming with the
-            # run's own RUN_DIR/recipe.yaml as RECIPE is fine: the run writes it back unchanged.
-            refuse_overwrite(
-                {"--run-dir": folder},
-                {
-                    "RECIPE": recipe if Path(recipe).is_file() else None,
-                    "data.source": resolved.data.source,
-                    "prediction.band": resolved.prediction.band,
-                },
-            )
-            if nproc is not None:
-                if resolved.train.batch_size % nproc:
-                    raise ConfigError(
-                        f"train.batch_size={resolved.train.batch_size} is not divisible by "
-                        f"--nproc {nproc}",
-                        "use a process count that divides train.batch_size (the global batch "
-                        "must not depend on the process count)",
-                    )
-                check_local_processes(
-                    nproc,
+
+def start_run(
+    *,
+    recipe: str,
+    run_dir: Path | None,
+    overrides: list[str] | None,
+    as_json: bool,
+    quiet: bool,
+    no_evals: bool,
+    nproc: int | None,
+    oversubscribe: bool,
+    max_restarts: int,
+    fresh: bool,
+    doctor: bool,
+    accept_data_change: bool,
+    force: bool,
+) -> int:
+    """`trainguard run`'s work: the recipe resolved and checked before any launch, then the
+    run in this process (`run_recipe`) or `nproc` local workers under the launcher; the exit
+    status (the result is printed by `_RunOutput` as the run ends)."""
+    from trainguard.config.load import load_recipe, recipe_to_dict
+    from trainguard.reference.select import select_reference
+    from trainguard.train.guarded_run import run_recipe
+    from trainguard.train.launch import check_launch_args
+    from trainguard.util.processes import check_local_processes
+
+    out = _RunOutput(as_json, quiet)
+    folder = run_dir
+    try:
+        check_launch_args(nproc, max_restarts)  # --max-restarts -1 is wrong without --nproc too
+        if doctor:
+            overrides = [*(overrides or []), "preflight.doctor=true"]
+        if force:
+            overrides = [*(overrides or []), "reference.force=true"]
+        resolved = load_recipe(recipe, overrides)  # bad recipes fail here, before any launch
+        select_reference(recipe_to_dict(resolved))  # so do bad or mismatched references
+        folder = run_dir or Path("runs") / resolved.name
+        # The run writes metrics, checkpoints and reports into its run dir: never into the
+        # corpus (which would also change the data under a resumed run). Resuming with the
+        # run's own RUN_DIR/recipe.yaml as RECIPE is fine: the run writes it back unchanged.
+        refuse_overwrite(
+            {"--run-dir": folder},
+            {
+                "RECIPE": recipe if Path(recipe).is_file() else None,
+                "data.source": resolved.data.source,
+                "prediction.band": resolved.prediction.band,
+            },
+        )
+        if nproc is not None:
+            if resolved.train.batch_size % nproc:
+                raise ConfigError(
+                    f"train.batch_size={resolved.train.batch_size} is not divisible by "
                     f"--nproc {nproc}",
-                    lambda n: f"use --nproc {n} or fewer (more ranks: torchrun across machines)",
-                    oversubscribe,
+                    "use a process count that divides train.batch_size (the global batch "
+                    "must not depend on the process count)",
                 )
-                worker = ["run", recipe, "--run-dir", str(folder)]
-                for o in overrides or []:
-                    worker += ["--set", o]
-                worker += ["--json"] if as_json else []
-                worker += ["--quiet"] if quiet else []
-                worker += ["--no-evals"] if no_evals else []
-                worker += ["--accept-data-change"] if accept_data_change else []
-                fresh_recipe = resolved if fresh else None
-                result = _launch_job(folder, nproc, worker, max_restarts, fresh_recipe)
-                if as_json:  # else rank 0 has printed its summary, and the launcher the failure
-                    out.end(result)
-                raise typer.Exit(result.exit_status)
-            run_recipe(
-                resolved,
-                folder,
-                progress=not (quiet or as_json),
-                evals=not no_evals,
-                fresh=fresh,
-                accept_data_change=accept_data_change,
-                on_end=out.end,
+            check_local_processes(
+                nproc,
+                f"--nproc {nproc}",
+                lambda n: f"use --nproc {n} or fewer (more ranks: torchrun across machines)",
+                oversubscribe,
             )
-        except typer.Exit:
-            raise
-        except (Exception, KeyboardInterrupt) as e:
-            out.end(RunResult.empty(folder).with_error(e))  # unless run_recipe has printed it
-            raise
-        raise typer.Exit(ExitStatus.OK)
+            worker = ["run", recipe, "--run-dir", str(folder)]
+            for o in overrides or []:
+                worker += ["--set", o]
+            worker += ["--json"] if as_json else []
+            worker += ["--quiet"] if quiet else []
+            worker += ["--no-evals"] if no_evals else []
+            worker += ["--accept-data-change"] if accept_data_change else []
+            fresh_recipe = resolved if fresh else None
+            result = _launch_job(folder, nproc, worker, max_restarts, fresh_recipe)
+            if as_json:  # else rank 0 has printed its summary, and the launcher the failure
+                out.end(result)
+            return result.exit_status
+        run_recipe(
+            resolved,
+            folder,
+            progress=not (quiet or as_json),
+            evals=not no_evals,
+            fresh=fresh,
+            accept_data_change=accept_data_change,
+            on_end=out.end,
+        )
+    except (Exception, KeyboardInterrupt) as e:
+        out.end(RunResult.empty(folder).with_error(e))  # unless run_recipe has printed it
+        raise
+    return ExitStatus.OK
