@@ -14,10 +14,10 @@ from trainguard.checkpoint.checkpointer import Checkpointer
 from trainguard.config.load import validate_recipe
 from trainguard.metrics.sinks import open_run_sinks
 from trainguard.train.callback import Callback, Callbacks, RunContext
-from trainguard.train.distributed import World
 from trainguard.train.progress import ProgressDisplay
 from trainguard.train.run_state import RunState
 from trainguard.train.spine import Loop
+from trainguard.train.world import World
 
 TINY = {
     "model": {"n_layers": 1, "d_model": 16, "n_heads": 2},

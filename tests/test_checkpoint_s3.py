@@ -373,7 +373,7 @@ def test_a_store_that_does_not_answer_is_a_storage_error_before_any_work(tmp_pat
     import socket
 
     from trainguard.errors import exit_status_for
-    from trainguard.train.resume import probe_store
+    from trainguard.train.start import probe_store
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

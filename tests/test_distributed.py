@@ -21,8 +21,8 @@ from trainguard.guard.distributed.guards import DistributedGuards
 from trainguard.guard.distributed.hang import missing_ranks
 from trainguard.guard.distributed.replica import compare_replicas, replica_digest
 from trainguard.numerics import fp32_accumulate_hook
-from trainguard.train.distributed import init_distributed, wrap_ddp
 from trainguard.train.launch import launch_argv
+from trainguard.train.world import init_distributed, wrap_ddp
 
 HOSTS = ["node-a", "node-a", "node-b", "node-b"]
 

@@ -294,8 +294,8 @@ def test_a_run_started_by_a_worker_for_another_run_dir_is_not_refused(
 ) -> None:
     """A worker's hook that starts `trainguard run --run-dir OTHER` inherits the holder's
     name; with the launcher alive that is a nested run, not an orphan (found in review)."""
-    from trainguard.train.distributed import Dist
     from trainguard.train.rundir import hold_run_dir
+    from trainguard.train.world import Dist
     from trainguard.util.runlock import HOLDER_ENV
 
     monkeypatch.setenv(HOLDER_ENV, str(os.getpid()))  # alive, holding some other run dir

@@ -26,9 +26,9 @@ from trainguard.guard.decision import Decision
 from trainguard.guard.distributed.guards import DistributedGuards
 from trainguard.train import actions
 from trainguard.train.callback import Callback, RunContext
-from trainguard.train.distributed import Dist
 from trainguard.train.guarded_run import Run, _run_phases
 from trainguard.train.run_state import RunState
+from trainguard.train.world import Dist
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainguard"
 

@@ -88,8 +88,8 @@ def test_a_resume_stopped_by_pre_flight_keeps_the_recipe_it_did_not_extend(
     from trainguard.config.load import load_recipe
     from trainguard.errors import PreflightFailed
     from trainguard.train.callback import Callback, RunContext
-    from trainguard.train.distributed import Dist
     from trainguard.train.guarded_run import Run
+    from trainguard.train.world import Dist
 
     class FailingPreflight(Callback):  # what pre-flight does on an error finding
         name, priority = "failing_preflight", 100
@@ -122,7 +122,7 @@ def test_fresh_refuses_an_attic_that_is_a_link_before_moving_anything(
     steps --fresh moves to its own attic/: a symlink there would take them out of it."""
     from trainguard.config.load import load_recipe
     from trainguard.errors import BadInputError
-    from trainguard.train.resume import start_fresh
+    from trainguard.train.start import start_fresh
 
     run, ckpts, outside = tmp_path / "run", tmp_path / "ckpts", tmp_path / "outside"
     for folder in (run, ckpts / "step-4", outside):

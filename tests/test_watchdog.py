@@ -173,7 +173,7 @@ def test_watchdog_thread_fires_in_process(tmp_path):
 def test_resume_logs_each_earlier_hang_once(tmp_path):
     """What the relaunch adds to metrics.jsonl: the hangs in hang-*.json not logged yet."""
     from trainguard.metrics.jsonl import MetricsLog
-    from trainguard.train.resume import unlogged_hang_reports
+    from trainguard.train.start import unlogged_hang_reports
 
     assert unlogged_hang_reports(tmp_path) == []
     first = Watchdog(tmp_path, floor_s=1.0, exit_process=False, rank=0)

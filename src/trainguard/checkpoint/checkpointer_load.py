@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 from trainguard.checkpoint.failures import failure_text
 from trainguard.checkpoint.group import CheckpointGroup
 from trainguard.checkpoint.layout import Layout, Part, check_keys, classify
-from trainguard.checkpoint.results import LoadedCheckpoint
-from trainguard.checkpoint.resume import (
+from trainguard.checkpoint.load_checks import (
     check_payload,
     name_rank,
     refuse_if_none_usable,
@@ -28,6 +27,7 @@ from trainguard.checkpoint.resume import (
     same_manifest,
     unlisted,
 )
+from trainguard.checkpoint.results import LoadedCheckpoint
 from trainguard.checkpoint.store import CheckpointStore
 from trainguard.errors import BadInputError, StorageError
 from trainguard.findings import Finding

@@ -138,7 +138,7 @@ def _launch(nproc: int, worker: list[str], as_json: bool) -> None:
 def _as_rank(recipe: Any, plan: Any, rounds: list, as_json: bool) -> None:
     """This process is one rank (alone, or one of a torchrun job)."""
     from trainguard.doctor import Team, run_doctor
-    from trainguard.train.distributed import env_world_size, init_distributed
+    from trainguard.train.world import env_world_size, init_distributed
 
     size = env_world_size()
     # The doctor has no batch: the world size itself passes init_distributed's divisibility.
@@ -176,7 +176,7 @@ def prepare_doctor(
     any process starts."""
     from trainguard.config.load import load_recipe
     from trainguard.doctor import parse_rounds, plan_for
-    from trainguard.train.distributed import env_world_size
+    from trainguard.train.world import env_world_size
 
     resolved = load_recipe(recipe, overrides)
     if nproc is not None:

@@ -118,8 +118,8 @@ def _launch_job(
     recipe), launch them, and collect rank 0's result."""
     from trainguard.guard.watchdog import remove_unused_backstops
     from trainguard.train.launch import launch
-    from trainguard.train.resume import start_fresh
     from trainguard.train.rundir import ensure_writable
+    from trainguard.train.start import start_fresh
     from trainguard.util.runlock import HOLDER_ENV, FolderLock
 
     ensure_writable(folder)

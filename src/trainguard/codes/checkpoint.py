@@ -37,8 +37,8 @@ _DCP = (
 )
 
 
-# What to do about C107 on each side: raised by `trainguard run` (train/resume.py) and by a
-# Checkpointer in the user's own loop (checkpoint/resume.py); the entry's fix holds both.
+# What to do about C107 on each side: raised by `trainguard run` (train/start.py) and by a
+# Checkpointer in the user's own loop (checkpoint/load_checks.py); the entry's fix holds both.
 C107_IN_RUN = (
     "`trainguard run` stops (exit 1) and changes nothing. Restore a good copy of a checkpoint "
     "from backup and run again, or start over on purpose with `trainguard run --fresh`, which "

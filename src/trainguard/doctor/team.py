@@ -61,7 +61,7 @@ class Team:
 
     @classmethod
     def from_dist(cls, dist: Any) -> Team:
-        """The team of a joined job (`trainguard.train.distributed.Dist`: its rank, size,
+        """The team of a joined job (`trainguard.train.world.Dist`: its rank, size,
         hosts, device, backend and gloo monitor group); one process when it is not active."""
         if not dist.active:
             return cls.single(dist.device)

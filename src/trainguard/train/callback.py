@@ -38,9 +38,9 @@ if TYPE_CHECKING:
 
     from trainguard.config.schema import Recipe
     from trainguard.metrics.sinks import MetricsFanout
-    from trainguard.train.distributed import World
     from trainguard.train.progress import ProgressDisplay
     from trainguard.train.run_state import RunState
+    from trainguard.train.world import World
 
 
 @dataclass

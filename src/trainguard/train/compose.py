@@ -22,7 +22,7 @@ from trainguard.reference.select import Selected
 from trainguard.train import saving
 from trainguard.train.callback import Callback, Callbacks, RunContext
 from trainguard.train.callbacks.checkpoint import CheckpointCallback
-from trainguard.train.callbacks.distributed import DistributedGuardsCallback
+from trainguard.train.callbacks.distributed_guards import DistributedGuardsCallback
 from trainguard.train.callbacks.evals import EvalsCallback
 from trainguard.train.callbacks.faults import FaultsCallback
 from trainguard.train.callbacks.goodput import GoodputCallback
@@ -33,8 +33,8 @@ from trainguard.train.callbacks.steplog import StepLogCallback
 from trainguard.train.callbacks.validation import ValidationCallback
 from trainguard.train.callbacks.watchdog import WatchdogCallback
 from trainguard.train.compute import StepMath
-from trainguard.train.distributed import Dist
 from trainguard.train.loop import Loop
+from trainguard.train.world import Dist
 
 
 @dataclass

@@ -27,9 +27,9 @@ from trainguard.config.schema import Recipe
 from trainguard.data.order import batch_hash
 from trainguard.data.sampler import ElasticSampler
 from trainguard.guard.judgement import Judgement
-from trainguard.train.distributed import World
 from trainguard.train.optim import Optimizer
 from trainguard.train.schedule import LrSchedule
+from trainguard.train.world import World
 
 
 @dataclass

@@ -40,13 +40,14 @@ from trainguard.train.callbacks.runfiles import RunFilesCallback
 from trainguard.train.callbacks.validation import ValidationCallback
 from trainguard.train.callbacks.watchdog import WatchdogCallback
 from trainguard.train.compose import compose
-from trainguard.train.distributed import Dist, init_distributed
 from trainguard.train.envinfo import environment_fingerprint
 from trainguard.train.loop import Loop
 from trainguard.train.optim import build_optimizer
 from trainguard.train.outcome import RunResult, close_run, hang_outcome
 from trainguard.train.progress import ProgressDisplay
-from trainguard.train.resume import (
+from trainguard.train.run_state import RunState
+from trainguard.train.spine import train
+from trainguard.train.start import (
     checkpoint_root,
     load_or_refuse,
     open_checkpointer,
@@ -56,8 +57,7 @@ from trainguard.train.resume import (
     schedule_to_resume,
     start_fresh,
 )
-from trainguard.train.run_state import RunState
-from trainguard.train.spine import train
+from trainguard.train.world import Dist, init_distributed
 
 __all__ = ["run_recipe"]
 

@@ -8,7 +8,7 @@ The command becomes exactly what a user would type:
 
 so a run started with `--nproc` and one started under an external `torchrun` (with its own
 multi-node rendezvous flags: `--nnodes 2 --rdzv-endpoint host:29400 --rdzv-id job1`) take the
-same path: every worker reads RANK/WORLD_SIZE/LOCAL_RANK (train/distributed.py). The
+same path: every worker reads RANK/WORLD_SIZE/LOCAL_RANK (train/world.py). The
 rendezvous stays on the loopback interface (port 0: the launcher picks a free one), so a local
 run opens no port to the network. With `max_restarts` > 0 the launcher restarts all workers
 after a failure (a hung rank exits with status 3), and auto-resume continues from the newest

@@ -33,7 +33,7 @@ from trainguard.util.paths import is_remote, local_path
 
 if TYPE_CHECKING:
     from trainguard.config.schema import Recipe
-    from trainguard.train.distributed import Dist
+    from trainguard.train.world import Dist
 
 CHECKPOINT_EVENT = "checkpoint"
 """The event row a committed checkpoint logs (`{"kind": "event", "event": "checkpoint",

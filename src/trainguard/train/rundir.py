@@ -41,7 +41,7 @@ from trainguard.util.processes import pid_alive
 from trainguard.util.runlock import HOLDER_ENV, LOCK_FILE, FolderLock, held_by
 
 if TYPE_CHECKING:
-    from trainguard.train.distributed import Dist
+    from trainguard.train.world import Dist
 
 _ERRORS: dict[str, type[TrainguardError]] = {
     "RunDirBusyError": RunDirBusyError,

@@ -45,7 +45,7 @@ def doctor_preflight(recipe: Recipe, run_dir: Path, dist: Any) -> tuple[list[Fin
     """`trainguard doctor --quick` on every rank of the run, testing the run's own checkpoint
     folder; every rank gets the same findings (so all stop together on an error)."""
     from trainguard.doctor import Team, plan_for, run_doctor
-    from trainguard.train.resume import checkpoint_root
+    from trainguard.train.start import checkpoint_root
 
     root = checkpoint_root(recipe, run_dir)
     plan = plan_for(recipe, quick=True, checkpoint_dir=root)

@@ -1,4 +1,4 @@
-"""How this process joins the run's history (`train/resume.py` restored the checkpoint):
+"""How this process joins the run's history (`train/start.py` restored the checkpoint):
 
 - a fresh start logs the `start` event with the environment;
 - a resume drops the rows of the steps a crash threw away from the metric log (they are
@@ -15,7 +15,7 @@ from typing import Any
 from trainguard.data.order import compare_batch_hashes
 from trainguard.findings import Finding
 from trainguard.train.callback import Callback, RunContext
-from trainguard.train.resume import unlogged_hang_reports
+from trainguard.train.start import unlogged_hang_reports
 
 
 class ResumeCallback(Callback):
