@@ -143,13 +143,18 @@ def kill_and_resume(script: str, tmp_path: Path, alone: int) -> None:
     assert relative_distance(weights(solo), want) <= RTOL
 
 
+# ~30 s of four torchrun jobs: a long multi-process scenario, so slow. The default suite keeps
+# the same parts' 2 -> 1 -> 2 resume (`trainguard run` is made of them: test_distributed_gloo),
+# a 2-process own loop with Guard(distributed=True) (test_straggler_gloo) and this example in
+# one process (the run record, tests/recordloops.py).
+@pytest.mark.slow
 @pytest.mark.xdist_group("examples")
 @pytest.mark.timeout(4 * 180)  # four jobs of at most 180 s each on a loaded machine
 def test_ddp_example_killed_and_resumed_on_2_and_1_processes(tmp_path: Path) -> None:
     kill_and_resume("ddp_loop.py", tmp_path, alone=0)  # plain `python`: nanoGPT's 1-process path
 
 
-@pytest.mark.slow  # ~60 s: four torchrun jobs with DCP; the DDP example runs by default
+@pytest.mark.slow  # ~60 s: four torchrun jobs with DCP
 @pytest.mark.xdist_group("examples")
 @pytest.mark.timeout(4 * 180)
 def test_fsdp2_example_killed_and_resumed_on_2_and_1_processes(tmp_path: Path) -> None:
