@@ -89,13 +89,13 @@ def test_a_short_soak_loses_nothing(small_corpus: Path, cache_dir: Path, tmp_pat
     assert r["bitwise_equal"] is True  # nothing lost: the reference run's weights, bit for bit
     assert all(f["detected"] for f in r["faults"])
     nan, kill, corrupt = r["faults"]
-    # kill@12, in the step after checkpoint 10's: step 11 is recomputed.
-    assert kill["steps_lost"] == 1 and kill["codes"] == ["exit -9"]
-    # corrupt@19: checkpoint 15 is damaged, the resume falls back to 10: steps 11-18 redone.
-    assert corrupt["steps_lost"] == 8 and set(corrupt["codes"]) & {"C101", "C102"}
+    # kill@12 (steps count from 0): steps 10 and 11, done after checkpoint 10, are recomputed.
+    assert kill["steps_lost"] == 2 and kill["codes"] == ["exit -9"]
+    # corrupt@19: checkpoint 15 is damaged, the resume falls back to 10: steps 10-18 redone.
+    assert corrupt["steps_lost"] == 9 and set(corrupt["codes"]) & {"C101", "C102"}
     assert nan["detect_steps"] == 0 and nan["steps_lost"] == 1
     g = r["goodput"]
-    assert g["redone_steps"] == 1 + 8 and len(g["restarts"]) == 2
+    assert g["redone_steps"] == 2 + 9 and len(g["restarts"]) == 2
     assert sum(g["seconds"].values()) == pytest.approx(g["wall_s"])
     assert Path(out["plot"]).is_file()
 

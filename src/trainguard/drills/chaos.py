@@ -113,8 +113,9 @@ class Round:
 
 
 def _corrupt_newest(run_dir: Path) -> str:
-    """Flip a byte inside the newest committed checkpoint's weights (the file still parses)."""
+    """Flip a byte inside the newest committed checkpoint's tensors (the file still parses)."""
     from trainguard.checkpoint.manifest import parse_step_dirname
+    from trainguard.checkpoint.read import STATE_TENSORS
 
     root = run_dir / "checkpoints"
     steps = [
@@ -125,11 +126,11 @@ def _corrupt_newest(run_dir: Path) -> str:
     if not steps:
         return "no checkpoint to corrupt"
     step, folder = max(steps)
-    path = folder / "model.safetensors"
+    path = folder / STATE_TENSORS  # the tensors of the one checkpoint format
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    return f"a byte of step-{step}/model.safetensors flipped"
+    return f"a byte of step-{step}/{STATE_TENSORS} flipped"
 
 
 def _launch(ctx: DrillContext, name: str, inject: list[str]) -> tuple[RunOutcome, Launch]:
