@@ -100,6 +100,23 @@ def test_truncate_after_a_checkpoint_drops_the_steps_it_recomputes(tmp_path: Pat
     assert read_metrics(tmp_path) == rows[:3]
 
 
+def test_a_checkpoint_finding_of_the_resumed_step_stays(tmp_path: Path) -> None:
+    """A checkpoint finding carries the checkpoint's step (completed steps): C101 for a damaged
+    step-3 that a resume passed over stays when a later resume starts from a new step-3 (a chaos
+    soak lost the evidence of a corrupt checkpoint this way); a detector's finding of step 3
+    goes with the step."""
+    rows = [
+        {"kind": "finding", "step": 3, "code": "C101"},
+        {"kind": "step", "step": 3, "loss": 1.0},
+        {"kind": "finding", "step": 3, "code": "R101"},
+        {"kind": "finding", "step": 4, "code": "C124"},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dropped = MetricsLog(tmp_path).truncate_after(3)
+    assert dropped == rows[1:]
+    assert read_metrics(tmp_path) == rows[:1]
+
+
 def test_truncate_after_drops_only_a_torn_last_line(tmp_path: Path) -> None:
     torn = '{"kind": "step", "step": 2, "lo'
     (tmp_path / "metrics.jsonl").write_text(f"{GOOD[0]}\n{torn}")

@@ -117,6 +117,10 @@ def lost_on_resume(row: dict[str, Any], completed: int) -> bool:
     step = row.get("step")
     if not isinstance(step, int):
         return False
-    # A step's own rows carry its 0-based index; evaluations and events the number of
-    # completed steps they follow.
-    return step > completed or (step == completed and row.get("kind") in ("step", "finding"))
+    # A step's own rows (its row, the detectors' findings) carry its 0-based index;
+    # evaluations, events and checkpoint findings (C codes: a damaged step passed over, the
+    # resume) the number of completed steps, i.e. the checkpoint, they speak of.
+    kind = row.get("kind")
+    checkpoint = kind == "finding" and str(row.get("code", "")).startswith("C")
+    own = kind == "step" or (kind == "finding" and not checkpoint)
+    return step > completed or (step == completed and own)
