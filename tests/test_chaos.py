@@ -135,3 +135,26 @@ def test_a_two_process_soak_survives_the_faults_of_one_rank(
     assert "R301" in hung["codes"] and hung["steps_lost"] == 2  # steps 11 and 12 again
     assert r["finished"] and r["bitwise_equal"] is True
     assert [x["lost_steps"] for x in r["goodput"]["restarts"]] == [1, 2]
+
+
+def test_each_launch_keeps_what_its_resume_logged() -> None:
+    """A launch killed later prints no result: the findings its resume logged (C101 for the
+    corrupt checkpoint it passed over) are read from the record, split at each launch's
+    `attempt` row."""
+    from trainguard.drills.chaos import _findings_by_launch
+
+    attempt = {"kind": "timing", "what": "attempt", "time": 0.0}
+    rows = [
+        attempt,
+        {"kind": "step", "step": 0},
+        {"kind": "finding", "code": "R101", "step": 4},
+        attempt,
+        {"kind": "finding", "code": "C101", "step": 50},
+        {"kind": "finding", "code": "C150", "step": 40},
+        attempt,
+    ]
+    assert [[f["code"] for f in launch] for launch in _findings_by_launch(rows)] == [
+        ["R101"],
+        ["C101", "C150"],
+        [],
+    ]

@@ -30,6 +30,7 @@ from trainguard.drills.chaos_schedule import DETECTED_BY, HANGS, RANK_KINDS, Fau
 from trainguard.drills.runner import DrillContext, RunOutcome
 from trainguard.errors import ExitStatus
 from trainguard.goodput.accounting import account_run
+from trainguard.goodput.rows import TIMING
 from trainguard.metrics.jsonl import read_metrics
 
 
@@ -192,7 +193,9 @@ def _results(
     run_dir: Path,
     notes: dict[Fault, str],
 ) -> list[FaultResult]:
-    findings = [r for r in read_metrics(run_dir) if r.get("kind") == "finding"]
+    rows = read_metrics(run_dir)
+    findings = [r for r in rows if r.get("kind") == "finding"]
+    logged = _findings_by_launch(rows)
     for out, _, _ in outs:
         findings += out.findings
     fired = [(i, f) for i, (out, _, f) in enumerate(outs) if f and _fired(f, out.returncode)]
@@ -206,9 +209,11 @@ def _results(
                 i = fired[k][0]
                 res.codes = [f"exit {outs[i][0].returncode}"]
                 # The codes that show it, in the dying launch or the next one's resume.
+                # A launch killed later prints no result: what its resume logged counts too.
                 around = [
                     *outs[i][0].findings,
                     *(outs[i + 1][0].findings if i + 1 < len(outs) else []),
+                    *(logged[i + 1] if i + 1 < len(logged) else []),
                 ]
                 res.codes += sorted({f["code"] for f in around if _catches(fault, f)})
                 res.detected = not DETECTED_BY[fault.kind] or len(res.codes) > 1
@@ -251,3 +256,16 @@ def run_chaos(
         elapsed = time.monotonic() - t0
         if elapsed + elapsed / len(rounds) > duration_s:
             return rounds
+
+
+def _findings_by_launch(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The finding rows each launch logged, in launch order: every process of the run writes
+    a goodput `attempt` row before its resume and first step (goodput/rows.py), and a resume
+    keeps the checkpoint findings (C codes) of the step it starts from."""
+    launches: list[list[dict[str, Any]]] = []
+    for r in rows:
+        if r.get("kind") == TIMING and r.get("what") == "attempt":
+            launches.append([])
+        elif r.get("kind") == "finding" and launches:
+            launches[-1].append(r)
+    return launches
