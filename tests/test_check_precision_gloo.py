@@ -50,6 +50,7 @@ def test_gloo_fp32_collective_passes_the_audit() -> None:
     assert all(a.source == "gloo" and a.bias < 1e-6 for a in audits)
 
 
+@pytest.mark.slow  # 10-15 s of `--nproc` jobs; the gloo measurement itself runs by default above
 def test_cli_nproc_measures_any_size_and_says_when_it_is_too_small() -> None:
     """`--nproc 3`: three real processes (not a power of two), and the explicit verdict that 3
     ranks cannot show the bias the simulation predicts at 512."""

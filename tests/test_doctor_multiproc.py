@@ -73,6 +73,11 @@ def shown(round_: dict) -> str:
     return "; ".join(f"{f['code']} r{f['rank']}: {f['message']}" for f in round_["findings"])
 
 
+# ~25 s of 2-process doctor jobs on the timing-serial worker: slow, as the suite's rule for long
+# multi-process scenarios says. By default the doctor's analysis runs on planted reports
+# (test_doctor_fleet, test_doctor_outliers) and `run --doctor` on real processes
+# (test_doctor_run).
+@pytest.mark.slow
 def test_each_injected_fault_names_rank_1_and_a_clean_round_is_silent(tmp_path: Path) -> None:
     faults = ["none", "bitflip/r1", "slow/r1", "bad-allreduce/r1", "hang/r1"]
     inject = [a for f in faults for a in ("--inject", f)]
