@@ -115,15 +115,16 @@ def test_a_log_without_timing_rows_is_counted_from_its_first_step() -> None:
 
 
 def _lost_at_kill(run_dir: Path) -> int:
-    """Seen from outside after a kill: the step rows logged past the newest committed
-    checkpoint on disk (its manifest written), which a resume recomputes."""
+    """Seen from outside after a kill: the step rows logged from the newest committed
+    checkpoint on disk on (its manifest written; checkpoint c holds steps 0..c-1, the rows
+    count steps from 0), which a resume recomputes."""
     done = [
         int(d.name.removeprefix("step-"))
         for d in (run_dir / "checkpoints").glob("step-*")
         if (d / "manifest.json").is_file()
     ]
     steps = [r["step"] for r in read_metrics(run_dir) if r.get("kind") == "step"]
-    return sum(1 for s in steps if s > max(done, default=0))
+    return sum(1 for s in steps if s >= max(done, default=0))
 
 
 def test_a_finished_run_records_its_start_its_saves_and_its_end(finished_tiny_run: Path) -> None:
@@ -146,8 +147,9 @@ def test_a_run_killed_twice_reports_the_steps_it_redid_and_its_restarts(
     args = ["run", str(tiny_recipe), "--run-dir", str(run_dir), "--json", "-q", "--no-evals"]
     lost: list[int] = []
     before: list[float] = []
-    # Killed in step 7 (after checkpoint 4: steps 5 and 6 are lost), then in step 11 (after
-    # checkpoint 8: steps 9 and 10), then run to the end, as a scheduler relaunches a job.
+    # Killed in step 7 (steps count from 0; after checkpoint 4: steps 4, 5 and 6 are lost), then
+    # in step 11 (after checkpoint 8: steps 8, 9 and 10), then run to the end, as a scheduler
+    # relaunches a job.
     for fault in ("kill@7:backward", "kill@11:backward"):
         before.append(time.time())
         p = run_cli(*args, env={"TRAINGUARD_INJECT": fault})
@@ -162,7 +164,7 @@ def test_a_run_killed_twice_reports_the_steps_it_redid_and_its_restarts(
     assert g == account_run(run_dir).to_dict()
     assert sum(g["seconds"].values()) == pytest.approx(g["wall_s"], rel=1e-9)
     assert g["attempts"] == 3
-    assert lost == [2, 2]  # what the faults planned, measured from outside
+    assert lost == [3, 3]  # what the faults planned, measured from outside
     assert [r["lost_steps"] for r in g["restarts"]] == lost
     assert g["redone_steps"] == sum(lost)
     assert g["steps"] == 12  # every step kept once
