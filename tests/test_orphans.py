@@ -166,7 +166,8 @@ def test_a_killed_launcher_leaves_no_writer_and_the_run_dir_resumes(
     assert result["final_step"] == last + 2
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     trained = [r["step"] for r in steps if r.get("kind") == "step"]
-    assert trained[-2:] == [last + 1, last + 2]  # resumed after the last checkpoint
+    # Resumed from the last checkpoint (`last` completed steps): steps last and last + 1, from 0.
+    assert trained[-2:] == [last, last + 1]
 
 
 def test_a_worker_refuses_a_run_dir_its_launcher_does_not_hold(
