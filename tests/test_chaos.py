@@ -131,10 +131,11 @@ def test_a_two_process_soak_survives_the_faults_of_one_rank(
     assert [f["label"] for f in r["faults"]] == ["slow_rank@4", "rank_kill@12", "hung_rank@13"]
     slow, kill, hung = r["faults"]
     assert slow["codes"] == ["H202"] and slow["steps_lost"] == 0
-    assert "R302" in kill["codes"] and kill["steps_lost"] == 1  # step 11, after checkpoint 10
-    assert "R301" in hung["codes"] and hung["steps_lost"] == 2  # steps 11 and 12 again
+    # Steps count from 0: after checkpoint 10, steps 10 and 11 again; then 10, 11 and 12.
+    assert "R302" in kill["codes"] and kill["steps_lost"] == 2
+    assert "R301" in hung["codes"] and hung["steps_lost"] == 3
     assert r["finished"] and r["bitwise_equal"] is True
-    assert [x["lost_steps"] for x in r["goodput"]["restarts"]] == [1, 2]
+    assert [x["lost_steps"] for x in r["goodput"]["restarts"]] == [2, 3]
 
 
 def test_each_launch_keeps_what_its_resume_logged() -> None:

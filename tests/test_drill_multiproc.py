@@ -120,9 +120,11 @@ def test_slow_drills_pass(slow_drills: dict) -> None:
 @pytest.mark.slow
 def test_straggler_is_named_and_reported(slow_drills: dict) -> None:
     r = row(slow_drills, "straggler")
-    assert r["detected"][0] == "H202" and r["inject"] == f"slow@{FAULT}/r1"
-    # Scored after steps 0, 2, 4...: the interval that contains step F (ends at F+1), or the next
-    assert r["steps_to_detect"] in (1, 3)
+    # H202 after 5 steps behind; the job's throughput drop (R106) may come first.
+    assert "H202" in r["detected"] and r["inject"] == f"slow@{FAULT}/r1"
+    # Behind in `straggler_steps` (5) steps in a row from step F: named at F + 4 (or a little
+    # later when a loaded machine lets it catch up for a step).
+    assert 4 <= r["steps_to_detect"] <= 8
     assert r["action"].startswith("reported: rank 1 (") and "training went on" in r["action"]
     assert r["steps_lost"] == 0 and r["finished"] and r["recovered"]
     # 2 ranks at the clean run's batch size: the same batches, the same loss (to rounding).
