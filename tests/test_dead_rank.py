@@ -28,7 +28,8 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from runhelpers import run_cli
 from trainguard import Guard
 from trainguard.config.distributed import DistributedConfig
-from trainguard.train.launch import dead_workers
+from trainguard.errors import ExitStatus
+from trainguard.train.launch import dead_workers, job_status
 
 pytestmark = pytest.mark.xdist_group("timing-serial")
 
@@ -127,6 +128,20 @@ def test_the_launcher_names_the_dead_worker_not_the_ones_it_stopped() -> None:
     (f,) = dead_workers({0: _failure(0, -signal.SIGTERM)})
     assert (f.rank, f.data["signal"]) == (0, signal.SIGTERM)
     assert dead_workers({0: _failure(0, 3), 1: _failure(1, 3)}) == []  # a hang: R301, not dead
+
+
+def test_a_killed_rank_sets_the_job_status_whichever_exit_the_agent_saw_first() -> None:
+    """Rank 1 killed, its survivor's exit 3 recorded a second earlier: the job's status is the
+    dead worker's (1), not the survivor's hang status (the agent's own first failure)."""
+    survivor, killed = _failure(0, 3), _failure(1, -signal.SIGKILL)
+    survivor.timestamp, killed.timestamp = 100, 101
+    assert job_status({0: survivor, 1: killed}) == ExitStatus.FINDINGS
+    killed.timestamp = 99
+    assert job_status({0: survivor, 1: killed}) == ExitStatus.FINDINGS
+    # A hang: every rank exits 3, and the job's status says so.
+    assert job_status({0: _failure(0, 3), 1: _failure(1, 3)}) == ExitStatus.HANG
+    # A worker that exited with a status of its own (bad input) keeps it.
+    assert job_status({0: _failure(0, -signal.SIGTERM), 1: _failure(1, 2)}) == 2
 
 
 # -- a hang in a short step, default timeouts ------------------------------------------------

@@ -6,8 +6,8 @@ The exit table, for every command (README, "Commands"): `ExitStatus`.
     0    OK           success: a check found no error; `run` finished (faults its guards
                       handled are findings)
     1    FINDINGS     error findings; `run`: a guard halted it, pre-flight failed, no checkpoint
-                      is usable (C107), or its data changed (D104); an output could not be
-                      written
+                      is usable (C107), its data changed (D104), or (`--nproc`) a worker died
+                      (R302; its survivors exit 3); an output could not be written
     2    BAD_INPUT    bad input or usage (the message names the problem and the fix); nothing
                       was started
     3    HANG         `run`: the hang watchdog stopped a stuck step, or a rank hung (run the

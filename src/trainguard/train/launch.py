@@ -111,9 +111,20 @@ def dead_workers(failures: dict[int, Any]) -> list[Finding]:
     return [dead_rank_finding(dead, hosts, reporter="the launcher")]
 
 
+def job_status(failures: dict[int, Any]) -> int:
+    """The status of a failed job (global rank -> the agent's ProcessFailure): the first dead
+    worker's (by time), else the first failure's; a signal or a status <= 0 is 1. A killed
+    rank's survivors exit 3 within a second of it, and the agent may record them first; the
+    job's status names the cause, the same whichever the agent saw first."""
+    survivors = (ExitStatus.HANG, -signal.SIGTERM)
+    dead = [f for f in failures.values() if int(f.exitcode) not in survivors]
+    first = min(dead or failures.values(), key=lambda f: f.timestamp)
+    return int(first.exitcode) if int(first.exitcode) > 0 else ExitStatus.FINDINGS
+
+
 def launch(nproc: int, worker_args: Sequence[str], max_restarts: int = 0) -> Launched:
     """Run the workers to completion in this process's elastic agent. The status: 0 when every
-    worker succeeded, else the first failed worker's status (3: a hung rank), or 130/143 when
+    worker succeeded, else `job_status` (3: a hung rank; 1: a worker died), or 130/143 when
     this process got SIGINT/SIGTERM (the agent stops the workers with it); `dead`: R302 naming
     the workers that exited or were killed."""
     if under_launcher():
@@ -134,12 +145,11 @@ def launch(nproc: int, worker_args: Sequence[str], max_restarts: int = 0) -> Lau
         with launcher_env():  # every worker dies with this process (util/processes.py)
             run(args)
     except ChildFailedError as e:
-        _, first = e.get_first_failure()
         sys.stderr.write(e.format_msg() + "\n")
         dead = dead_workers(e.failures)
         for f in dead:
             sys.stderr.write(f"{f.code}: {f.message}\n")
-        return Launched(first.exitcode if first.exitcode > 0 else 1, dead)
+        return Launched(job_status(e.failures), dead)
     except SignalException as e:  # the agent's own handler: it has stopped the workers
         return Launched(128 + int(e.sigval))
     return Launched(0)
