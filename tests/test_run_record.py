@@ -125,6 +125,10 @@ def test_report(record_copy: tuple[str, Path]) -> None:
     assert "verified" in page  # its checkpoints, verified: the copy's own
     assert f"<td>{run / ('.' if loop == 'hf' else 'checkpoints')}" in page
     assert "torch" in page  # the environment
+    # Goodput from the timing rows every loop's record has (the Guard writes an own loop's):
+    # the process's start-up is counted, so the bar is not the steps alone.
+    assert '<img alt="goodput"' in page and "## Goodput" in md
+    assert "| startup |" in md and "| startup | 0.0% |" not in md
     if loop == "ddp":  # the skip, linked to its batch view (item 4)
         assert f"trainguard batch {run} --step 5" in page
 

@@ -21,10 +21,13 @@ them with.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 
 from trainguard.metrics.jsonl import lost_on_resume
+from trainguard.util.processes import process_started_at
+from trainguard.util.runlock import HOLDER_ENV
 
 TIMING = "timing"
 
@@ -57,6 +60,17 @@ def attempt_row(
         "resumed_from": resumed_step,
         "lost": lost,
     }
+
+
+def launcher_started_at() -> float | None:
+    """The start of the process that launched this one for the job (`run --nproc`'s, or the
+    elastic agent of a torchrun): a relaunch's restart begins there. None when there is none."""
+    holder = os.environ.get(HOLDER_ENV, "")
+    if holder.isdigit():
+        return process_started_at(int(holder))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return process_started_at(os.getppid())
+    return None
 
 
 def phase_row(what: str, step: int, seconds: float, end: float) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.errors import ConfigError
 from trainguard.findings import Finding
+from trainguard.goodput.loop_timing import LoopTiming
 from trainguard.guard.arguments import (
     actions_arg,
     device_of,
@@ -112,6 +113,9 @@ class Guard:
         # The run record (metrics.jsonl + run.json, docs/run-record.md): `guard.record.attach(
         # sampler=..., config=..., checkpoints=...)` adds what the guard cannot see.
         self.record = RecordWriter(self.run_dir) if self.run_dir else None
+        # Its goodput rows (start-up, restarts and the steps a resume redoes, checkpoint and
+        # eval phases): every row of the record goes through it (guard/logs.py).
+        self.timing = LoopTiming(self.record) if self.record is not None else None
         self.monitors = MonitorSet(self.config, metrics or DEFAULT_METRICS, data_period)
         self.moe = MoEHealthDetector(self.config)  # R601-R604, from `router_stats`
         self.loader = LoaderStallDetector(self.config)  # R605, from the data phase's time
@@ -320,6 +324,8 @@ class Guard:
         finally:
             if name == "data":  # R605 in any loop, one process or many
                 self.clock.add_data(time.perf_counter() - t0)
+            elif self.timing is not None:  # a save's stall, an evaluation: goodput's rows
+                self.timing.phase(name, step, time.perf_counter() - t0)
 
     def end_step(
         self, step: int, model: Any = None, optimizer: Any = None, *, checkpoint_due: bool = False

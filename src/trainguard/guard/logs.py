@@ -21,8 +21,8 @@ def log_step(
     router_stats: RouterStats | None = None,
 ) -> None:
     """Step `step`'s row, decision and findings to every place the guard writes."""
-    if guard.record is not None:  # the values read in this step's one host sync: no more
-        guard.record.step(step, values, decision.action, router_stats)
+    if guard.timing is not None:  # the values read in this step's one host sync: no more
+        guard.timing.step(step, values, decision.action, router_stats)
     log_findings(guard, decision.findings)
     if guard.sinks.viewers:
         metrics = {k: v for k, v in values.items() if v is not None}
@@ -34,8 +34,8 @@ def log_findings(guard: Any, findings: list[Finding]) -> None:
     for row in ({"kind": "finding", **f.to_dict()} for f in findings):
         if guard._findings_log is not None:
             guard._findings_log.write(row)
-        if guard.record is not None:
-            guard.record.write(row)
+        if guard.timing is not None:  # the record (held until the first step)
+            guard.timing.write(row)
         if guard.sinks.viewers:
             guard.sinks.write(row)
 
@@ -44,6 +44,7 @@ def close_logs(guard: Any) -> None:
     """Flush and close guard.jsonl, the run record and the metric sinks."""
     if guard._findings_log is not None:
         guard._findings_log.close()
-    if guard.record is not None:
+    if guard.timing is not None:  # the held rows and the end row, then the file
+        guard.timing.close()
         guard.record.close()
     guard.sinks.close()

@@ -100,7 +100,7 @@ def rollback(guard: Any, checkpointer: Any, state: dict[str, Any], sampler: Any)
     else:  # the load's collectives get the checkpoint budget, not the step timeout
         with guard.distributed.budget("checkpoint"):
             step, event = restore(guard, checkpointer, state, sampler, bad, at)
-    for log in (guard._findings_log, guard.record):  # the auditable record of the skips
+    for log in (guard._findings_log, guard.timing):  # the auditable record of the skips
         if log is not None:
             log.write({"kind": "event", "step": at, **event})
     guard.report(checkpointer_findings(checkpointer))

@@ -8,7 +8,6 @@ before the resume's cut (`ResumeCallback`, priority 80) because it counts the ro
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,20 +17,8 @@ from trainguard.goodput import rows as acc
 from trainguard.metrics.jsonl import read_metrics
 from trainguard.train.callback import Callback, RunContext
 from trainguard.util.processes import process_started_at
-from trainguard.util.runlock import HOLDER_ENV
 
 _TIMED = ("checkpoint", "eval")
-
-
-def _launcher_start() -> float | None:
-    """The start of the process that launched this one for the job (`run --nproc`'s, or the
-    elastic agent of a torchrun), None when there is none."""
-    holder = os.environ.get(HOLDER_ENV, "")
-    if holder.isdigit():
-        return process_started_at(int(holder))
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        return process_started_at(os.getppid())
-    return None
 
 
 class GoodputCallback(Callback):
@@ -52,7 +39,7 @@ class GoodputCallback(Callback):
             return
         rows = read_metrics(ctx.run_dir)
         resumed = ctx.step if ctx.step > 0 else None  # None: a fresh start
-        row = acc.attempt_row(rows, resumed, process_started_at(), _launcher_start())
+        row = acc.attempt_row(rows, resumed, process_started_at(), acc.launcher_started_at())
         ctx.metrics.write(row)
         self.copy_wait = getattr(self.checkpointer, "copy_wait_s", 0.0)
 
