@@ -35,13 +35,7 @@ from typing import TYPE_CHECKING, Any
 from trainguard.errors import ConfigError
 from trainguard.findings import Finding
 from trainguard.goodput.loop_timing import LoopTiming
-from trainguard.guard.arguments import (
-    actions_arg,
-    device_of,
-    guards_config,
-    metric_float,
-    sharded,
-)
+from trainguard.guard.arguments import actions_arg, device_of, guards_config, metric_float, sharded
 from trainguard.guard.clock import StepClock
 from trainguard.guard.config import ACTIONS, Action, GuardsConfig
 from trainguard.guard.decision import Decision
@@ -110,11 +104,9 @@ class Guard:
         # The same fan-out `run` writes through: rows of metrics.jsonl's shape to each sink.
         self.sinks = MetricsFanout(None, viewers)
         self._findings_log = MetricsLog(self.run_dir, "guard.jsonl") if self.run_dir else None
-        # The run record (metrics.jsonl + run.json, docs/run-record.md): `guard.record.attach(
-        # sampler=..., config=..., checkpoints=...)` adds what the guard cannot see.
+        # The run record (docs/run-record.md; `guard.record.attach(...)` adds what the guard
+        # cannot see); its rows go through `timing`, which adds goodput's (guard/logs.py).
         self.record = RecordWriter(self.run_dir) if self.run_dir else None
-        # Its goodput rows (start-up, restarts and the steps a resume redoes, checkpoint and
-        # eval phases): every row of the record goes through it (guard/logs.py).
         self.timing = LoopTiming(self.record) if self.record is not None else None
         self.monitors = MonitorSet(self.config, metrics or DEFAULT_METRICS, data_period)
         self.moe = MoEHealthDetector(self.config)  # R601-R604, from `router_stats`
