@@ -194,15 +194,22 @@ def die_with_launcher(token: str | None = None) -> None:
     ).start()
 
 
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (ticks since boot); None when it has ended (a zombie
-    included) or there is no /proc."""
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (field 3, the state, on: index i is
+    field i + 3), or None when it cannot be read (no such process, or no /proc). The name is
+    cut at its last ")": a command name may hold spaces and parentheses."""
     try:
         text = Path(f"/proc/{pid}/stat").read_bytes().decode("ascii", "replace")
     except OSError:
         return None
-    fields = text[text.rfind(")") + 2 :].split()  # after "pid (comm) ": state is field 3
-    if len(fields) < 20 or fields[0] in ("Z", "X"):
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (ticks since boot); None when it has ended (a zombie
+    included) or there is no /proc."""
+    fields = stat_fields(pid)
+    if fields is None or len(fields) < 20 or fields[0] in ("Z", "X"):
         return None
     return fields[19]  # field 22: starttime
 

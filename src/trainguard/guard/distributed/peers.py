@@ -16,6 +16,8 @@ import signal
 import socket
 from dataclasses import dataclass
 
+from trainguard.util.processes import stat_fields
+
 
 @dataclass(frozen=True)
 class Peer:
@@ -78,25 +80,15 @@ class Death:
         return "its process is gone (exit status unknown)"
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name (field 3 on), or None if unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            text = fh.read()
-    except OSError:
-        return None
-    return text[text.rfind(")") + 2 :].split()
-
-
 def process_start(pid: int) -> str | None:
     """The process's start time (field 22), to tell it from a later process given the same pid."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields[19] if fields and len(fields) > 19 else None
 
 
 def peer_death(peer: Peer) -> Death | None:
     """How `peer` (on this host) ended, or None while it runs."""
-    fields = _stat_fields(peer.pid)
+    fields = stat_fields(peer.pid)
     if fields is None:
         if os.path.isdir("/proc/self"):
             return Death()  # no such process any more
