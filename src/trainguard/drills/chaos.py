@@ -16,6 +16,10 @@ data fault to its finding), the recovery time (goodput accounting's restart: the
 the dead process to the first resumed step) and the steps lost (the steps a resume recomputed,
 or the skipped update). Rounds go on while the next is expected to end within DURATION; at
 least one runs.
+
+What a launch is comes from a launcher: `RunLauncher` (`trainguard run`, faults injected inside
+it) or `chaos_external.CommandLauncher` (a user's command, faults sent from outside; one
+fault-free reference run for the whole soak).
 """
 
 from __future__ import annotations

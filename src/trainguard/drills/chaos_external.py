@@ -282,11 +282,8 @@ class Job:
         return found
 
     def rank(self, rank: int) -> tuple[int, str] | None:
-        """The job's process of `rank` (nearest to the launcher: the worker, not its child)."""
-        for pid, start in self.processes():
-            if (process_environ(pid) or {}).get("RANK") == str(rank):
-                return pid, start
-        return None
+        found = self.processes()
+        return None if self.proc is None else rank_process(self.proc.pid, rank, found)
 
     def kill_all(self) -> None:
         self.processes()
@@ -361,6 +358,19 @@ class Job:
             if self.done.wait(SLOW_RUN_S) or not signal_process(*target, signal.SIGSTOP):
                 break
         signal_process(*target, signal.SIGCONT)
+
+
+def rank_process(
+    pid: int, rank: int, found: list[tuple[int, str]] | None = None
+) -> tuple[int, str] | None:
+    """(pid, start time) of the descendant of `pid` that is worker `rank` (RANK in the
+    environment it started with), nearest to `pid` first: the worker, not a child of it
+    (which inherits its RANK); None when there is none. `found`: `descendants(pid)`, read
+    already."""
+    for child, start in descendants(pid) if found is None else found:
+        if _rank_of(child) == str(rank):
+            return child, start
+    return None
 
 
 def _rank_of(pid: int) -> str | None:
