@@ -20,13 +20,13 @@ import torch
 import trainguard
 from runhelpers import run_cli
 from trainguard.drills.chaos import corrupt_newest
-from trainguard.drills.chaos_external import (
+from trainguard.drills.chaos_command import (
     COMMAND_KINDS,
     command_kinds,
     command_nproc,
     parse_command,
-    rank_process,
 )
+from trainguard.drills.chaos_external import CommandLauncher, rank_process
 from trainguard.drills.chaos_plan import checkpoint_root, plan_of
 from trainguard.errors import BadInputError
 from trainguard.util.processes import descendants, signal_process
@@ -102,6 +102,14 @@ def test_the_rank_1_worker_is_found_in_a_real_process_tree() -> None:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)  # its own group: the worker too
         launcher.wait()
+
+
+def test_a_workdir_with_an_earlier_soaks_runs_is_refused(tmp_path: Path) -> None:
+    """Its runs would resume there, not start over: refused before anything starts."""
+    (tmp_path / "reference").mkdir()
+    with pytest.raises(BadInputError, match="earlier soak"):
+        CommandLauncher(["t", "{run_dir}"], tmp_path, ("kill",))
+    assert [p.name for p in tmp_path.iterdir()] == ["reference"]
 
 
 def _loop(out: Path, steps: int = 12, every: int = 3) -> None:

@@ -83,12 +83,8 @@ def _command_launcher(
     command: str, kinds: list[str] | None, nproc: int, ctx_args: dict[str, Any]
 ) -> tuple[tuple[str, ...], Callable[[Path, Say], Any]]:
     """The soak of a user's command (drills/chaos_external.py)."""
-    from trainguard.drills.chaos_external import (
-        CommandLauncher,
-        command_kinds,
-        command_nproc,
-        parse_command,
-    )
+    from trainguard.drills.chaos_command import command_kinds, command_nproc, parse_command
+    from trainguard.drills.chaos_external import CommandLauncher
     from trainguard.util.processes import check_local_processes
 
     mine = {

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.drills.chaos import corrupt_newest
+from trainguard.drills.chaos_command import RUN_DIR
 from trainguard.drills.chaos_plan import (
     checkpoint_root,
     committed_steps,
@@ -44,76 +44,19 @@ from trainguard.drills.chaos_plan import (
     read_rows,
     step_rows,
 )
-from trainguard.drills.chaos_schedule import RANK_KINDS, Fault, parse_kinds
+from trainguard.drills.chaos_schedule import RANK_KINDS, Fault
 from trainguard.drills.runner import weights_checksum
 from trainguard.errors import BadInputError
-from trainguard.util.processes import descendants, process_environ, signal_process
+from trainguard.faults import ENV_VAR as INJECT_ENV
+from trainguard.util.processes import (
+    child_env,
+    descendants,
+    process_environ,
+    signal_process,
+)
 
-RUN_DIR = "{run_dir}"
-COMMAND_KINDS = ("kill", "corrupt", "rank_kill", "hung_rank", "slow_rank")
-INSIDE_ONLY = ("nan", "hang")  # need a hook inside the loop
-_NPROC = re.compile(r"--nproc[-_]per[-_]node(?:=(.*))?")
 POLL_S = 0.01  # the record is read when it grows; a toy step takes ~25 ms
 SLOW_STOP_S, SLOW_RUN_S = 0.1, 0.02  # slow_rank: stopped 0.1 s of every 0.12 s
-
-
-def parse_command(text: str) -> list[str]:
-    """The command's words (shlex, as a shell splits them; it runs without a shell)."""
-    example = 'e.g. --command "torchrun --nproc-per-node 2 train.py --out {run_dir}"'
-    try:
-        argv = shlex.split(text)
-    except ValueError as e:
-        raise BadInputError(
-            f"--command {text!r} cannot be split into words ({e})", f"close its quotes; {example}"
-        ) from None
-    if not argv:
-        raise BadInputError("--command is empty", f"give the training command to soak, {example}")
-    if not any(RUN_DIR in a for a in argv):
-        raise BadInputError(
-            f"--command {text!r} has no {RUN_DIR}: the reference run and the soak runs would "
-            "write one folder",
-            f"put {RUN_DIR} where the command takes its output folder (its Guard's run_dir and "
-            f"its checkpoints), {example}; each run gets its own",
-        )
-    return argv
-
-
-def command_nproc(argv: list[str]) -> int | None:
-    """The processes the command's launcher starts (torchrun's --nproc-per-node N); None when
-    the command does not say (no such option, or "auto")."""
-    for i, word in enumerate(argv):
-        if m := _NPROC.fullmatch(word):
-            value = m.group(1) if m.group(1) is not None else " ".join(argv[i + 1 : i + 2])
-            return int(value) if value.isdigit() else None
-    return None
-
-
-def command_kinds(values: list[str] | None, argv: list[str]) -> tuple[str, ...]:
-    """The fault kinds to draw from for `argv`: `nan` and `hang` refused; a rank kind needs a
-    command of several processes (checked again against the reference run's world size)."""
-    nproc = command_nproc(argv)
-    several = nproc is None or nproc >= 2
-    if not values:
-        return COMMAND_KINDS if nproc is not None and nproc >= 2 else ("kill", "corrupt")
-    kinds = parse_kinds(values, nproc=2)  # unknown names, as for `trainguard run`
-    inside = [k for k in kinds if k in INSIDE_ONLY]
-    if inside:
-        raise BadInputError(
-            f"--fault-kind {', '.join(inside)} cannot be injected into a --command: a NaN batch "
-            "and a one-process hang need a hook inside the loop, and a command's faults are "
-            "sent from outside (signals)",
-            f"choose among {', '.join(COMMAND_KINDS)}; or soak `trainguard run` (drop "
-            "--command) for nan and hang",
-        )
-    ranked = [k for k in kinds if k in RANK_KINDS]
-    if ranked and not several:
-        raise BadInputError(
-            f"--fault-kind {', '.join(ranked)} needs a command of several processes, and "
-            f"--command starts {nproc} (--nproc-per-node)",
-            "launch it with torchrun --nproc-per-node 2 or more (the fault lands on rank 1), "
-            "or choose kill or corrupt",
-        )
-    return kinds
 
 
 @dataclass
@@ -151,6 +94,13 @@ class CommandLauncher:
     ) -> None:
         self.argv, self.workdir, self.kinds, self.say = argv, workdir, kinds, say
         self.timeout_s = timeout_s
+        held = [n for n in ("reference", "round1") if self.run_dir(n).exists()]
+        if held:
+            raise BadInputError(
+                f"--workdir {workdir} holds the runs of an earlier soak ({', '.join(held)}): "
+                "the command would resume them, not start over",
+                "give a new or empty --workdir (or none: a temporary folder)",
+            )
         self._reference: CommandOutcome | None = None
         self._plan: tuple[int, int] | None = None
 
@@ -196,7 +146,7 @@ class CommandLauncher:
 
     def launch(self, name: str, faults: list[Fault]) -> CommandOutcome:
         run_dir = self.run_dir(name)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        self.workdir.mkdir(parents=True, exist_ok=True)  # its logs; the command makes run_dir
         before = _guard_rows(run_dir)
         job = Job(self.command(run_dir), run_dir, self._log(name))
         returncode = job.run(faults, self.timeout_s)
@@ -248,7 +198,13 @@ class Job:
         self.started = time.time()
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its group: what a kill of the job reaches
+                # Named as the launcher of a trainguard process it starts (which then ends with
+                # this one); no fault of a `trainguard run` of ours leaks into it.
+                env=child_env({k: v for k, v in os.environ.items() if k != INJECT_ENV}),
             )
         threads = [threading.Thread(target=self._drive, args=(f,), daemon=True) for f in faults]
         for t in threads:
