@@ -143,12 +143,12 @@ def run_chaos_command(
     folder = workdir or Path(tempfile.mkdtemp(prefix="tg-chaos-"))
     target = plot or folder / "chaos_timeline.png"
     show = (err_console if as_json else console).print
-    show(f"chaos soak for {duration:g} s in {folder} (seed {seed}, {faults} faults a round)")
 
     def say(message: str) -> None:
         show(message, markup=False)
 
-    launcher = make(folder, say)
+    launcher = make(folder, say)  # a --workdir with an earlier soak's runs: refused here
+    say(f"chaos soak for {duration:g} s in {folder} (seed {seed}, {faults} faults a round)")
     try:
         rounds = run_chaos(launcher, duration, seed, faults, chosen, say)
         found = summary(rounds)
