@@ -50,6 +50,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "bench_long_wave": ["--seeds", "3", "--fa-seeds", "3"],
     "bench_stragglers": ["--seeds", "5", "--ranks", "2", "--real", "0"],
     "bench_restart": ["--rounds", "1"],
+    "bench_resume_log": ["--rows", "20000", "--rounds", "3"],
     "bench_ablate": ["--seeds", "2", "--steps", "10"],
 }
 

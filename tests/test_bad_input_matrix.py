@@ -282,7 +282,7 @@ ROWS = [
             ("odd-size", "[[0, 3], [5, 2]]", ("3 sequences", "multiple of train.batch_size=2")),
             ("late-start", "[[3, 8]]", ("batch_ramp[0] is at step 3", "start at 0")),
             ("falling-steps", "[[0, 8], [5, 16], [5, 8]]", ("batch_ramp[2] is at step 5",)),
-            ("triple", "[[0, 8, 2]]", ("not [step, sequences]",)),
+            ("triple", "[[0, 8, 2]]", ("not a (step, size) pair",)),
             ("float", "[[0, 8.0]]", ("batch_ramp", "integer")),
             ("empty", "[]", ("batch_ramp is empty",)),
         )

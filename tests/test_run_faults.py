@@ -159,3 +159,41 @@ def test_a_hang_is_in_the_log_once_after_the_relaunch(tiny_recipe: Path, tmp_pat
     # Re-running the finished run (it re-evaluates) resumes again: still the one row.
     assert run_cli(*args, *fast_hang).returncode == 0
     assert len(r210_rows()) == 1
+
+
+SLOW_DISK = """
+import sys, time
+import yaml
+import trainguard
+from trainguard.config.load import validate_recipe
+from trainguard.faults import FaultPlan
+
+class SlowDisk(trainguard.Callback):
+    name = "slow-disk"
+    priority = 10  # before the faults callback (-100) hears of the write
+    def on_checkpoint_write(self, ctx, step):
+        time.sleep(1.0)  # a slow disk, or a machine too loaded to run the writer thread
+
+recipe = validate_recipe(yaml.safe_load(open(sys.argv[1])))
+plan = FaultPlan.parse("kill@3:checkpoint_write")  # the write of checkpoint 4 (after step 3)
+trainguard.run_recipe(
+    recipe, sys.argv[2], progress=False, report=False, evals=False, faults=plan,
+    callbacks=[SlowDisk()],
+)
+"""
+
+
+def test_a_kill_mid_write_stops_the_loop_at_the_next_step_however_slow_the_write(
+    tiny_recipe: Path, tmp_path: Path
+) -> None:
+    """`kill@N:checkpoint_write` strikes in the writer thread while step N + 1 waits in its
+    data phase, so the steps logged before the kill (and a drill's steps lost) do not depend
+    on how fast the write gets there. Before, a 1 s write let the loop log steps past N."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-c", SLOW_DISK, str(tiny_recipe), str(run_dir)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("kind") == "step"] == [0, 1, 2, 3]
+    assert not (run_dir / "checkpoints" / "step-4" / "manifest.json").exists()  # never committed

@@ -112,7 +112,7 @@ def test_a_constant_state_of_the_previous_release_loads_into_a_ramp() -> None:
 @pytest.mark.parametrize(
     ("schedule", "message"),
     [
-        ([], "global_batch_size is an empty schedule"),
+        ([], "global_batch_size is empty"),
         ([(1, 4)], r"global_batch_size\[0\] is at step 1"),
         ([(0, 4), (3, 8), (3, 12)], r"global_batch_size\[2\] is at step 3"),
         ([(0, 4), (5, 8.0)], r"global_batch_size\[1\] size must be an integer"),

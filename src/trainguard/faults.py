@@ -11,7 +11,9 @@ none.
 Faults:
 - `kill@N:PHASE`  SIGKILL this process when step N reaches PHASE (data, forward, backward,
   optimizer; or checkpoint / checkpoint_write: the checkpoint saved after step N, which holds
-  N + 1 completed steps).
+  N + 1 completed steps). With checkpoint_write the writer thread kills it mid-write while
+  step N + 1 waits in its data phase (at most WRITE_KILL_WAIT_S): the steps logged before the
+  kill are the same on an idle and a loaded machine.
 - `nan@N`         the loss of step N becomes NaN (a poisoned batch).
 - `spike@N`       the loss of step N is multiplied by 50 (an outlier batch).
 - `hang@N`        step N sleeps forever in the forward pass (for the hang watchdog).
@@ -48,6 +50,7 @@ import torch
 
 from trainguard.errors import BadInputError
 
+WRITE_KILL_WAIT_S = 120.0  # kill@N:checkpoint_write: how long step N + 1 waits for the write
 ENV_VAR = "TRAINGUARD_INJECT"
 KNOWN = {"kill", "nan", "spike", "hang", "bitflip", "slow", "sleep", "slowdata", "collapse"}
 SLEEP_S = 600.0  # `sleep@N`: long enough for any collective timeout to notice
@@ -153,6 +156,10 @@ class FaultPlan:
 
     def at(self, phase: str, step: int) -> None:
         """Step `step` (0-based) enters `phase`."""
+        if phase == "data" and self.kills.get(step - 1) == "checkpoint_write":
+            # The write of the checkpoint saved after step - 1 runs in the writer thread, which
+            # kills this process from there; the loop waits for it rather than race ahead.
+            time.sleep(WRITE_KILL_WAIT_S)  # only returns when the write never came (skipped)
         if self.kills.get(step) == phase:
             if self.settle_writes is not None and phase != "checkpoint_write":
                 with contextlib.suppress(Exception):  # a failed write: the kill comes anyway

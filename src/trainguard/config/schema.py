@@ -10,8 +10,10 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from trainguard.config.batch_ramp import schedule_changes
 from trainguard.config.distributed import DistributedConfig
 from trainguard.config.evals import EvalsConfig
+from trainguard.errors import ConfigError
 from trainguard.guard.config import GuardsConfig
 from trainguard.metrics.config import MetricsConfig
 from trainguard.util.strict import StrictModel
@@ -133,7 +135,8 @@ class TrainConfig(_Section):
     """Micro-batches per optimizer step. Global batch = batch_size * grad_accum sequences."""
     batch_ramp: list[list[int]] | None = None
     """A global batch-size ramp (GPT-3 style): `[[step, sequences], ...]`, the first at step 0,
-    steps rising, counted as completed steps (a change at 100 applies from logged step 101).
+    steps rising, counted from 0 as the step rows are (a change at 100 applies from logged
+    step 100, the 101st step).
     Each size is a multiple of `batch_size` (that step accumulates size / batch_size
     micro-batches) and the last is the full batch, batch_size * grad_accum, which holds to
     the end. The steps cut the same data order into other lengths: every sequence is still
@@ -183,19 +186,13 @@ class TrainConfig(_Section):
         if ramp is None:
             return self
         full = self.batch_size * self.grad_accum
-        form = "write train.batch_ramp as [[0, size], [step, size], ...]"
-        if not ramp:
-            raise ValueError(f"train.batch_ramp is empty: {form}, or leave it out")
-        for i, pair in enumerate(ramp):
-            if len(pair) != 2:
-                raise ValueError(f"train.batch_ramp[{i}] is {pair}, not [step, sequences]: {form}")
-            step, size = pair
-            if (i == 0) != (step == 0) or (i and step <= ramp[i - 1][0]):
-                raise ValueError(
-                    f"train.batch_ramp[{i}] is at step {step}: the steps must start at 0 and "
-                    f"rise ({form})"
-                )
-            if size < 1 or size % self.batch_size:
+        form = "train.batch_ramp as [[0, size], [step, size], ...], or leave it out"
+        try:  # the sampler's rules (config/batch_ramp.py), then the recipe's own
+            schedule_changes(ramp, "train.batch_ramp", form)
+        except ConfigError as e:
+            raise ValueError(f"{e.message}: {e.fix}") from None
+        for i, (_, size) in enumerate(ramp):
+            if size % self.batch_size:
                 raise ValueError(
                     f"train.batch_ramp[{i}] has {size} sequences, not a positive multiple of "
                     f"train.batch_size={self.batch_size} (the micro-batch a step accumulates)"

@@ -3,22 +3,19 @@
     BatchSchedule.constant(64)
     BatchSchedule.of([(0, 32), (100, 64), (300, 128)])  # 32 for steps 0-99, 64 for 100-299, ...
 
-Steps count completed steps from 0, as `ElasticSampler.set_step` does: a change at step 100
-applies to the 101st step. The positions of the data order a step starts at are the sum of the
-sizes of the steps before it (`start`), so a ramp reads the same stream of positions as a
-constant batch, cut into other lengths: every sample is still read once per epoch.
+Steps count from 0, as `ElasticSampler.set_step` and the run record's step rows do: a change
+at step 100 applies from step 100, the 101st step. The positions of the data order a step
+starts at are the sum of the sizes of the steps before it (`start`), so a ramp reads the same
+stream of positions as a constant batch, cut into other lengths: every sample is still read
+once per epoch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.errors import ConfigError
-from trainguard.util.strict import int_arg
-
-_FORM = "a positive int, or [(step, size), ...] with steps rising from 0"
+from trainguard.config.batch_ramp import schedule_changes
 
 
 @dataclass(frozen=True)
@@ -34,33 +31,12 @@ class BatchSchedule:
 
     @staticmethod
     def of(value: Any, name: str = "global_batch_size") -> BatchSchedule:
-        """`value` (an int, (step, size) pairs or a BatchSchedule) checked strictly: any
-        other type or value is a ConfigError naming `name` and the offending entry."""
+        """`value` (an int, (step, size) pairs or a BatchSchedule) checked strictly
+        (`config.batch_ramp.schedule_changes`): any other type or value is a ConfigError
+        naming `name` and the offending entry."""
         if isinstance(value, BatchSchedule):
             value = value.changes
-        if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-            size = int_arg(name, value, low=1, fix=f"pass {_FORM}")
-            return BatchSchedule.constant(size)
-        if not value:
-            raise ConfigError(f"{name} is an empty schedule", f"pass {_FORM}")
-        changes: list[tuple[int, int]] = []
-        for i, pair in enumerate(value):
-            if not isinstance(pair, Sequence) or isinstance(pair, (str, bytes)) or len(pair) != 2:
-                raise ConfigError(
-                    f"{name}[{i}] is {pair!r:.60}, not a (step, size) pair", f"pass {_FORM}"
-                )
-            step = int_arg(f"{name}[{i}] step", pair[0], low=0, fix=f"pass {_FORM}")
-            size = int_arg(f"{name}[{i}] size", pair[1], low=1, fix=f"pass {_FORM}")
-            if (i == 0) != (step == 0) or (changes and step <= changes[-1][0]):
-                raise ConfigError(
-                    f"{name}[{i}] is at step {step}: the steps of a schedule must start at 0 "
-                    "and rise strictly",
-                    f"pass {_FORM}",
-                )
-            if changes and size == changes[-1][1]:
-                continue  # no change: the same schedule, written longer
-            changes.append((step, size))
-        return BatchSchedule(tuple(changes))
+        return BatchSchedule(schedule_changes(value, name))
 
     # -- reading ---------------------------------------------------------------------------
     @property

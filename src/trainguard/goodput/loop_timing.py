@@ -5,7 +5,7 @@ the `Guard` (`guard.record`, metrics/record.py) so that any loop's record is acc
 The loop says nothing extra. A process joins the record at its first step: the step index it
 computes first is where it resumed (0 and an empty log: a fresh start). There the log is cut
 as a resume of `trainguard run` cuts it (`MetricsLog.truncate_after`: the rows of the steps
-this process recomputes), after an `attempt` row that counts what the cut drops. Rows the loop
+this process recomputes), and an `attempt` row says what the cut dropped. Rows the loop
 logs before its first step (a checkpoint passed over at load, C101) wait for that cut: written
 before it they would speak of a step past the resume and be dropped with the crashed
 attempt's rows; written after the attempt row they belong to this process's start.
@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainguard.goodput import rows as acc
-from trainguard.metrics.jsonl import read_metrics
 from trainguard.metrics.record import RecordWriter
 from trainguard.util.processes import process_started_at
 
@@ -75,14 +74,14 @@ class LoopTiming:
 
     def _join(self, step: int) -> None:
         self.joined = True
-        rows = read_metrics(self.record.run_dir)
-        # A fresh start (step 0 on an empty log) is no resume; step 0 after rows of an earlier
-        # process is one (it crashed before its first checkpoint): those steps are redone.
-        resumed = step if step > 0 or any(r.get("kind") == "step" for r in rows) else None
+        # The cut reads the log once. A fresh start (step 0, nothing dropped) is no resume;
+        # step 0 after step rows of an earlier process is one (it crashed before its first
+        # checkpoint): those steps are redone.
+        dropped = self.record.log.truncate_after(step)
+        stepped = any(r.get("kind") == "step" for r in dropped)
+        resumed = step if step > 0 or stepped else None
         started = process_started_at()
-        self.record.write(acc.attempt_row(rows, resumed, started, acc.launcher_started_at()))
-        if resumed is not None:
-            self.record.log.truncate_after(resumed)
+        self.record.write(acc.attempt_row(dropped, resumed, started, acc.launcher_started_at()))
         for row in self.held:
             self.record.write(row)
         self.held = []

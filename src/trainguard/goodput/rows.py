@@ -39,14 +39,16 @@ def attempt_row(
     launcher_start: float | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """The row a process writes when it joins the run, before a resume cuts the log at
-    `resumed_step` (the rows `MetricsLog.truncate_after` drops, by its own rule
-    `lost_on_resume`): `rows` is the log as it is before the cut."""
+    """The row a process writes when it joins the run, with what a resume's cut of the log at
+    `resumed_step` drops (`MetricsLog.truncate_after`, by its rule `lost_on_resume`): `rows`
+    is the log before the cut, or only the rows the cut returned (the same row: the cut
+    reads the log once). `lost.until` is the last time a dropped row recorded (None when
+    none did: the last kept row, where accounting's walk already stands)."""
     now = time.time() if now is None else now
     lost = None
     if resumed_step is not None:
         dropped = [r for r in rows if lost_on_resume(r, resumed_step)]
-        times = [t for r in rows if (t := _time(r)) is not None]
+        times = [t for r in dropped if (t := _time(r)) is not None]
         lost = {
             "steps": sum(1 for r in dropped if r.get("kind") == "step"),
             "until": max(times) if times else None,

@@ -126,7 +126,8 @@ def _root_as_recorded(run_dir: str | Path, root: str | Path) -> str:
 
 
 class RecordWriter:
-    """The run record of a loop that is not `trainguard run` (the Guard writes through it).
+    """The run record of a loop that is not `trainguard run` (the Guard writes through it, its
+    rows by way of `goodput.loop_timing.LoopTiming`, which adds goodput's timing rows).
 
     `attach(...)` names what the record cannot see by itself (the sampler, the optimizer, the
     user's config, the checkpoint location, the tokens per sample) and rewrites run.json; a
@@ -214,15 +215,6 @@ class RecordWriter:
         row["time"] = time.time()
         row["action"] = action
         return row
-
-    def step(
-        self,
-        step: int,
-        values: Mapping[str, Any],
-        action: str,
-        router_stats: Mapping[str, Mapping[str, Any]] | None = None,
-    ) -> None:
-        self.write(self.step_row(step, values, action, router_stats))
 
     def write(self, row: Mapping[str, Any]) -> None:
         """Append one row (finding, event) to metrics.jsonl; run.json first if not yet."""

@@ -1,9 +1,10 @@
-"""The timing rows goodput accounting needs (`goodput/accounting.py`, docs/goodput.md): when this
-process started and what the resume's cut drops (the `attempt` row), each checkpoint stall and
-evaluation, the checkpoint copy a step waited for, each save's time to durable, and the end.
+"""The timing rows goodput accounting needs (`goodput/accounting.py`, docs/goodput.md): the start
+of this process's first step, each checkpoint stall and evaluation, the checkpoint copy a step
+waited for, each save's time to durable, and the end.
 
-Rank 0 writes them to the metric log; the other ranks time nothing. The attempt row is written
-before the resume's cut (`ResumeCallback`, priority 80) because it counts the rows the cut drops.
+Rank 0 writes them to the metric log; the other ranks time nothing. The `attempt` row (when
+this process started, what the resume's cut dropped) is the resume's (`ResumeCallback`): it
+has the dropped rows in hand, so the log is read once per start.
 """
 
 from __future__ import annotations
@@ -14,16 +15,14 @@ from typing import Any
 
 from trainguard.checkpoint.manifest import MANIFEST  # written last: when a save is durable
 from trainguard.goodput import rows as acc
-from trainguard.metrics.jsonl import read_metrics
 from trainguard.train.callback import Callback, RunContext
-from trainguard.util.processes import process_started_at
 
 _TIMED = ("checkpoint", "eval")
 
 
 class GoodputCallback(Callback):
     name = "goodput"
-    priority = 86  # before the resume's cut (80), which drops what the attempt row counts
+    priority = 86  # its pre_train only arms it; the order among the start's callbacks is free
 
     def __init__(self, checkpointer: Any = None) -> None:
         self.checkpointer = checkpointer  # its `copy_wait_s`: the stall inside a step
@@ -35,12 +34,6 @@ class GoodputCallback(Callback):
 
     def pre_train(self, ctx: RunContext) -> None:
         self.joined = True
-        if not ctx.is_main:
-            return
-        rows = read_metrics(ctx.run_dir)
-        resumed = ctx.step if ctx.step > 0 else None  # None: a fresh start
-        row = acc.attempt_row(rows, resumed, process_started_at(), acc.launcher_started_at())
-        ctx.metrics.write(row)
         self.copy_wait = getattr(self.checkpointer, "copy_wait_s", 0.0)
 
     def on_phase(self, ctx: RunContext, phase: str, step: int) -> None:
