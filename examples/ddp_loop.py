@@ -103,6 +103,7 @@ def main() -> None:
         return done.rolled_back_to
 
     step = checkpointer.load_latest(state) or 0  # every rank; restores `state` in place
+    guard.report(checkpointer.last_findings)  # a damaged step passed over (C101) on record
     sampler.set_step(step)  # the next iterator starts at this step's global batch
     batches, held = iter(loader), {}
     while step < args.max_steps:

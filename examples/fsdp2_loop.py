@@ -69,6 +69,13 @@ def main() -> None:
     guard = trainguard.Guard(run_dir=args.out / (f"rank{rank}" if rank else ""), distributed=True)
     state = {"model": model, "optimizer": optimizer, "sampler": sampler, "guard": guard}
     checkpointer = trainguard.Checkpointer(args.out / "checkpoints", keep=3)  # sharded: found
+    # The run record (OUT/run.json, OUT/metrics.jsonl), as in ddp_loop.py: `trainguard report
+    # OUT`, and the checkpoint root a `drill --chaos --command` soak reads.
+    config = {"max_steps": args.max_steps, "global_batch": GLOBAL_BATCH, "vocab": VOCAB}
+    seq = len(dataset[0][1])  # tokens per sample: the record's `tokens`
+    guard.record.attach(
+        sampler=sampler, config=config, checkpoints=checkpointer.root, tokens_per_sample=seq
+    )
     log = StepLog(args.out / "steps.jsonl", rank)
 
     def forward_backward(s: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,6 +102,7 @@ def main() -> None:
         return done.rolled_back_to
 
     step = checkpointer.load_latest(state) or 0  # every rank; DCP reshards into this world
+    guard.report(checkpointer.last_findings)  # a damaged step passed over (C101) on record
     sampler.set_step(step)  # the next iterator starts at this step's global batch
     batches, held = iter(loader), {}
     while step < args.max_steps:

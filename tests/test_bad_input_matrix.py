@@ -1310,6 +1310,52 @@ ROWS = [
         *(*CHAOS, "10s", "--plot", "{tiny}"),
         says=("is the input",),
     ),
+    # issue 24: chaos soak of a user's command (`drill --chaos D --command "..."`)
+    row(
+        "drill-chaos-command-without-run-dir",
+        *("drill", *DRILL_DIR, "--chaos", "10s", "--command", "python t.py --out runs/a"),
+        says=("has no {{run_dir}}", "--out {{run_dir}}"),
+    ),
+    row(
+        "drill-chaos-command-empty",
+        *("drill", *DRILL_DIR, "--chaos", "10s", "--command", " "),
+        says=("--command is empty",),
+    ),
+    row(
+        "drill-chaos-command-with-set",
+        *("drill", *DRILL_DIR, "--chaos", "10s", "--set", "train.lr=1"),
+        *("--command", "python t.py --out {{run_dir}}"),
+        says=("--set", "not of --command", "drop them"),
+    ),
+    row(
+        "drill-chaos-command-with-nproc",
+        *("drill", *DRILL_DIR, "--chaos", "10s", "--nproc", "2"),
+        *("--command", "torchrun t.py --out {{run_dir}}"),
+        says=("--nproc", "--nproc-per-node"),
+    ),
+    row(
+        "drill-chaos-command-nan",
+        *("drill", *DRILL_DIR, "--chaos", "10s", "--fault-kind", "kill,nan"),
+        *("--command", "torchrun --nproc-per-node 2 t.py --out {{run_dir}}"),
+        says=("nan", "inside the loop", "drop --command"),
+    ),
+    row(
+        "drill-chaos-command-rank-fault-in-one-process",
+        *("drill", *DRILL_DIR, "--chaos", "10s", "--fault-kind", "rank_kill"),
+        *("--command", "torchrun --nproc-per-node 1 t.py --out {{run_dir}}"),
+        says=("rank_kill", "several processes", "--nproc-per-node 2"),
+    ),
+    row(
+        "drill-chaos-command-above-the-cores",
+        *("drill", *DRILL_DIR, "--chaos", "10s"),
+        *("--command", "torchrun --nproc-per-node 100000 t.py --out {{run_dir}}"),
+        says=("--nproc-per-node 100000", "CPU core", "nothing was started"),
+    ),
+    row(
+        "drill-command-without-chaos",
+        *("drill", *DRILL_DIR, "--command", "python t.py --out {{run_dir}}"),
+        says=("--command", "--chaos"),
+    ),
     # --- doctor ---------------------------------------------------------------------------
     row("doctor-recipe-not-utf8", "doctor", "{bad_recipe}", says=("UTF-8",)),
     row("doctor-seed-negative", "doctor", "{tiny}", "--set", "train.seed=-1", says=("train.seed",)),

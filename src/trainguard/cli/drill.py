@@ -100,6 +100,15 @@ def register(app: typer.Typer) -> None:
                 "--plot", help="--chaos: the timeline PNG (default: WORKDIR/chaos_timeline.png)."
             ),
         ] = None,
+        command: Annotated[
+            str | None,
+            typer.Option(
+                "--command",
+                help="--chaos: soak this command instead of `trainguard run` (a torchrun of a "
+                "loop on the public parts); {run_dir} is each run's folder. Faults from "
+                "outside: kill, corrupt, rank_kill, hung_rank, slow_rank.",
+            ),
+        ] = None,
     ) -> None:
         """Fire drills: a clean run and one run per fault (NaN batch, loss spike, SIGKILL
         mid-step and mid-checkpoint, corrupted checkpoint, hang, bit flips in a weight's
@@ -127,6 +136,7 @@ def register(app: typer.Typer) -> None:
             fault_kind=fault_kind,
             nproc=nproc,
             plot=plot,
+            command=command,
         )
 
 
@@ -148,6 +158,7 @@ def drill(
     fault_kind: list[str] | None,
     nproc: int,
     plot: Path | None,
+    command: str | None = None,
 ) -> None:
     """`trainguard drill`: the drill matrix, or with `chaos` a soak (`cli/drill_chaos.py`);
     prints the matrix and exits through `emit` (0: every fault detected and recovered)."""
@@ -176,14 +187,15 @@ def drill(
             kinds=fault_kind,
             nproc=nproc,
             ctx_args={"recipe": recipe, "overrides": list(overrides or []), "steps": steps},
+            command=command,
             workdir=workdir,
             keep=keep,
             plot=plot,
             as_json=as_json,
         )
-    if plot is not None or fault_kind or seed or faults != 3 or nproc != 1:
+    if plot is not None or fault_kind or seed or faults != 3 or nproc != 1 or command is not None:
         raise BadInputError(
-            "--plot, --fault-kind, --faults, --seed and --nproc are for --chaos",
+            "--plot, --fault-kind, --faults, --seed, --nproc and --command are for --chaos",
             "add --chaos DURATION for a soak, or drop them",
         )
     if markdown is not None:

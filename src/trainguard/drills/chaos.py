@@ -16,6 +16,10 @@ data fault to its finding), the recovery time (goodput accounting's restart: the
 the dead process to the first resumed step) and the steps lost (the steps a resume recomputed,
 or the skipped update). Rounds go on while the next is expected to end within DURATION; at
 least one runs.
+
+What a launch is comes from a launcher: `RunLauncher` (`trainguard run`, faults injected inside
+it) or `chaos_external.CommandLauncher` (a user's command, faults sent from outside; one
+fault-free reference run for the whole soak).
 """
 
 from __future__ import annotations
@@ -113,12 +117,12 @@ class Round:
         }
 
 
-def _corrupt_newest(run_dir: Path) -> str:
-    """Flip a byte inside the newest committed checkpoint's tensors (the file still parses)."""
+def corrupt_newest(root: Path) -> str:
+    """Flip a byte inside the tensors of the newest committed checkpoint under `root` (the file
+    still parses; its checksum no longer matches, C101/C102 on resume)."""
     from trainguard.checkpoint.manifest import parse_step_dirname
     from trainguard.checkpoint.read import STATE_TENSORS
 
-    root = run_dir / "checkpoints"
     steps = [
         (s, p)
         for p in (root.iterdir() if root.is_dir() else ())
@@ -134,53 +138,85 @@ def _corrupt_newest(run_dir: Path) -> str:
     return f"a byte of step-{step}/{STATE_TENSORS} flipped"
 
 
-def _launch(ctx: DrillContext, name: str, inject: list[str]) -> tuple[RunOutcome, Launch]:
-    text = ",".join(inject)
+class RunLauncher:
+    """The soak of `trainguard run`: each launch a `trainguard run` of the drill context, its
+    faults injected inside the run (TRAINGUARD_INJECT, faults.py); each round its own reference
+    run with the round's data faults. `chaos_external.CommandLauncher` is the same interface
+    for a user's command, its faults sent from outside."""
+
+    def __init__(self, ctx: DrillContext) -> None:
+        self.ctx = ctx
+        self.steps, self.interval = ctx.plan.max_steps, ctx.plan.interval
+
+    def run_dir(self, name: str) -> Path:
+        return self.ctx.run_dir(name)
+
+    def describe(self, faults: list[Fault]) -> str:
+        return ",".join(f.inject for f in faults)
+
+    def launch(self, name: str, faults: list[Fault]) -> RunOutcome:
+        return self.ctx.launch(name, inject=self.describe(faults) or None)
+
+    def reference(self, number: int, data: list[Fault], say: Callable[[str], None]) -> RunOutcome:
+        say(f"round {number}: the reference run ({self.describe(data) or 'no fault'})")
+        return self.launch(f"round{number}-reference", data)
+
+    def fired(self, fault: Fault, out: RunOutcome) -> bool:
+        return _fired(fault, out.returncode)
+
+    def corrupt(self, name: str) -> str:
+        return corrupt_newest(self.run_dir(name) / "checkpoints")
+
+    def settings(self) -> list[str]:
+        return self.ctx.settings()
+
+
+def _launch(launcher: Any, name: str, faults: list[Fault]) -> tuple[Any, Launch]:
     started = time.time()
-    out = ctx.launch(name, inject=text or None)
-    return out, Launch(text, out.returncode, started, time.time())
+    out = launcher.launch(name, faults)
+    return out, Launch(launcher.describe(faults), out.returncode, started, time.time())
 
 
 def run_round(
-    ctx: DrillContext,
+    launcher: Any,
     seed: int,
     number: int,
     count: int,
     kinds: tuple[str, ...],
     say: Callable[[str], None] = lambda _: None,
 ) -> Round:
-    plan = ctx.plan
-    faults = schedule(seed, number, plan.max_steps, plan.interval, count, kinds)
-    data = [f.inject for f in faults if not f.ends_process]
+    """One round with `launcher` (`RunLauncher`, or `chaos_external.CommandLauncher`)."""
+    faults = schedule(seed, number, launcher.steps, launcher.interval, count, kinds)
+    data = [f for f in faults if not f.ends_process]
     say(f"round {number}: faults {', '.join(f.label for f in faults)}")
-    say(f"round {number}: the reference run ({', '.join(data) or 'no fault'})")
-    reference, _ = _launch(ctx, f"round{number}-reference", data)
+    reference = launcher.reference(number, data, say)
     name = f"round{number}"
     pending = [f for f in faults if f.ends_process]
-    outs: list[tuple[RunOutcome, Launch, Fault | None]] = []
+    outs: list[tuple[Any, Launch, Fault | None]] = []
     notes: dict[Fault, str] = {}
     while True:
         fault = pending[0] if pending else None
         say(f"round {number}: launch {len(outs) + 1}" + (f" ({fault.label})" if fault else ""))
-        out, launch = _launch(ctx, name, [*data, *([fault.inject] if fault else [])])
+        out, launch = _launch(launcher, name, [*data, *([fault] if fault else [])])
         outs.append((out, launch, fault))
         say(f"round {number}: launch {len(outs)} exited {out.returncode}")
-        if fault is None or not _fired(fault, out.returncode):
+        if fault is None or not launcher.fired(fault, out):
             break  # finished, or ended otherwise than the fault says: no more relaunches
         pending.pop(0)
         if fault.kind == "corrupt":
-            notes[fault] = _corrupt_newest(ctx.run_dir(name))
+            notes[fault] = launcher.corrupt(name)
     last = outs[-1][0]
-    goodput = account_run(ctx.run_dir(name))
-    results = _results(faults, outs, goodput, ctx.run_dir(name), notes)
+    run_dir = launcher.run_dir(name)
+    goodput = account_run(run_dir)
+    results = _results(faults, outs, goodput, run_dir, notes, launcher.fired)
     ours, theirs = last.weights_checksum(), reference.weights_checksum()
     return Round(
         number,
-        ctx.run_dir(name),
+        run_dir,
         results,
         [launch for _, launch, _ in outs],
         last.final_step,
-        last.returncode == 0 and last.final_step == plan.max_steps,
+        last.returncode == 0 and last.final_step == launcher.steps,
         None if ours is None or theirs is None else ours == theirs,
         goodput.to_dict(),
     )
@@ -188,17 +224,18 @@ def run_round(
 
 def _results(
     faults: list[Fault],
-    outs: list[tuple[RunOutcome, Launch, Fault | None]],
+    outs: list[tuple[Any, Launch, Fault | None]],
     goodput: Any,
     run_dir: Path,
     notes: dict[Fault, str],
+    fired_by: Callable[[Fault, Any], bool],
 ) -> list[FaultResult]:
     rows = read_metrics(run_dir)
     findings = [r for r in rows if r.get("kind") == "finding"]
     logged = _findings_by_launch(rows)
     for out, _, _ in outs:
         findings += out.findings
-    fired = [(i, f) for i, (out, _, f) in enumerate(outs) if f and _fired(f, out.returncode)]
+    fired = [(i, f) for i, (out, _, f) in enumerate(outs) if f and fired_by(f, out)]
     results = []
     for fault in faults:
         res = FaultResult(fault, note=notes.get(fault, ""))
@@ -241,7 +278,7 @@ def _results(
 
 
 def run_chaos(
-    ctx: DrillContext,
+    launcher: Any,
     duration_s: float,
     seed: int,
     count: int,
@@ -252,7 +289,7 @@ def run_chaos(
     t0 = time.monotonic()
     rounds: list[Round] = []
     while True:
-        rounds.append(run_round(ctx, seed, len(rounds) + 1, count, kinds, say))
+        rounds.append(run_round(launcher, seed, len(rounds) + 1, count, kinds, say))
         elapsed = time.monotonic() - t0
         if elapsed + elapsed / len(rounds) > duration_s:
             return rounds

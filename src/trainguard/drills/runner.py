@@ -114,40 +114,8 @@ class RunOutcome:
         return [r for r in read_metrics(self.run_dir) if r.get("kind") == kind]
 
     def weights_checksum(self) -> str | None:
-        """A checksum of the model's weights in the newest checkpoint (verified first, read
-        through `checkpoint.read.read_module_state`): equal checksums mean bitwise equal
-        weights."""
-        import torch
-
-        from trainguard.checkpoint.folder import verify_local_folder
-        from trainguard.checkpoint.manifest import parse_step_dirname
-        from trainguard.checkpoint.read import read_module_state
-        from trainguard.errors import TrainguardError
-        from trainguard.findings import has_errors
-        from trainguard.util.hashing import bytes_checksum
-
-        root = self.run_dir / "checkpoints"
-        steps = [
-            (step, p)
-            for p in (root.iterdir() if root.is_dir() else ())
-            if (step := parse_step_dirname(p.name)) is not None
-        ]
-        if not steps:
-            return None
-        step, folder = max(steps)
-        if has_errors(verify_local_folder(folder, step)):
-            return None
-        try:
-            state = read_module_state(folder, "model")
-        except TrainguardError:
-            return None
-        data = b"".join(
-            name.encode()
-            + b"\0"
-            + state[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-            for name in sorted(state)
-        )
-        return bytes_checksum(data)
+        """`weights_checksum` of the run's checkpoints."""
+        return weights_checksum(self.run_dir / "checkpoints")
 
     def last_logged_step(self) -> int:
         """The 0-based index of the last step row (-1: none)."""
@@ -155,6 +123,42 @@ class RunOutcome:
 
     def tail(self) -> str:
         return self.stderr.strip()[-400:]
+
+
+def weights_checksum(root: Path, key: str = "model") -> str | None:
+    """A checksum of the weights (`key` in the saved state) in the newest checkpoint under
+    `root` (verified first, read through `checkpoint.read.read_module_state`): equal checksums
+    mean bitwise equal weights. None when there is none, or it does not verify or read."""
+    import torch
+
+    from trainguard.checkpoint.folder import verify_local_folder
+    from trainguard.checkpoint.manifest import parse_step_dirname
+    from trainguard.checkpoint.read import read_module_state
+    from trainguard.errors import TrainguardError
+    from trainguard.findings import has_errors
+    from trainguard.util.hashing import bytes_checksum
+
+    steps = [
+        (step, p)
+        for p in (root.iterdir() if root.is_dir() else ())
+        if (step := parse_step_dirname(p.name)) is not None
+    ]
+    if not steps:
+        return None
+    step, folder = max(steps)
+    if has_errors(verify_local_folder(folder, step)):
+        return None
+    try:
+        state = read_module_state(folder, key)
+    except TrainguardError:
+        return None
+    data = b"".join(
+        name.encode()
+        + b"\0"
+        + state[name].contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        for name in sorted(state)
+    )
+    return bytes_checksum(data)
 
 
 @dataclass

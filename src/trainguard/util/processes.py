@@ -240,6 +240,52 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+# --- a job's processes (`drill --chaos --command` signals them from outside) ---------------
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """The living descendants of process `pid`, nearest first, as (pid, start time) pairs read
+    from /proc's parent links ([] without /proc). The start time names the process beyond its
+    pid, which may be reused once it ends: `signal_process` checks it before each signal. A
+    launcher's workers are found whatever their session (torchrun starts each in its own)."""
+    parents: dict[int, tuple[int, str]] = {}
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            fields = stat_fields(int(entry.name)) if entry.name.isdigit() else None
+            if fields and len(fields) > 19 and fields[0] not in ("Z", "X"):
+                parents[int(entry.name)] = (int(fields[1]), fields[19])
+    found: list[tuple[int, str]] = []
+    frontier = {pid}
+    while frontier:
+        level = [(p, start) for p, (ppid, start) in parents.items() if ppid in frontier]
+        found += sorted(level)
+        frontier = {p for p, _ in level}
+    return found
+
+
+def process_environ(pid: int) -> dict[str, str] | None:
+    """The environment process `pid` started with (/proc/PID/environ); None when it cannot be
+    read (ended, another user's, no /proc)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, _, v in pairs}
+
+
+def signal_process(pid: int, start: str, sig: int) -> bool:
+    """Send `sig` to `pid` if it is still the process that started at `start` (a reused pid is
+    left alone); True when it was sent."""
+    if not _alive(pid, start):
+        return False
+    try:
+        os.kill(pid, sig)
+    except OSError:  # ended in between, or not ours
+        return False
+    return True
+
+
 def _alive(pid: int, start: str) -> bool:
     if start:
         return _start_time(pid) == start
