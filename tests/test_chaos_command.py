@@ -28,6 +28,7 @@ from trainguard.drills.chaos_command import (
 )
 from trainguard.drills.chaos_external import CommandLauncher, rank_process
 from trainguard.drills.chaos_plan import checkpoint_root, plan_of
+from trainguard.drills.chaos_schedule import Fault
 from trainguard.errors import BadInputError
 from trainguard.util.processes import descendants, signal_process
 
@@ -112,6 +113,16 @@ def test_a_workdir_with_an_earlier_soaks_runs_is_refused(tmp_path: Path) -> None
     assert [p.name for p in tmp_path.iterdir()] == ["reference"]
 
 
+def test_each_fault_says_what_is_sent_to_the_job(tmp_path: Path) -> None:
+    """The JSON's `inject` of a command's fault is the signal and its moment, not the
+    TRAINGUARD_INJECT item a `trainguard run` would read (the user's loop reads none)."""
+    launcher = CommandLauncher(["t", "{run_dir}"], tmp_path, ("rank_kill",))
+    said = launcher.describe([Fault("rank_kill", 14), Fault("hung_rank", 20)])
+    assert said == (
+        "SIGKILL of rank 1 once step 13 is recorded, SIGSTOP of rank 1 once step 19 is recorded"
+    )
+
+
 def _loop(out: Path, steps: int = 12, every: int = 3) -> None:
     """A loop on the public parts, as a user writes it: its record and its checkpoints."""
     torch.manual_seed(0)
@@ -189,6 +200,7 @@ def test_a_soak_of_a_torchrun_command_loses_nothing(tmp_path: Path) -> None:
     assert "R302" in rank_kill["codes"] and "R301" in hung["codes"]
     assert set(corrupt["codes"]) & {"C101", "C102"} and "flipped" in corrupt["note"]
     assert kill["codes"] == ["exit -9"]
+    assert rank_kill["inject"] == "SIGKILL of rank 1 once step 13 is recorded"
     assert r["finished"] and r["final_step"] == 40
     assert r["bitwise_equal"] is True  # the fault-free run's weights, bit for bit
     assert len(r["goodput"]["restarts"]) == 4 and r["goodput"]["redone_steps"] > 0

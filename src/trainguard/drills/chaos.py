@@ -65,10 +65,12 @@ class FaultResult:
     recovery_s: float | None = None
     steps_lost: int | None = None
     note: str = ""
+    inject: str | None = None  # how the launcher delivers it (default: TRAINGUARD_INJECT's item)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.fault.to_dict(),
+            **({"inject": self.inject} if self.inject is not None else {}),
             "detected": self.detected,
             "codes": self.codes,
             "detect_s": self.detect_s,
@@ -209,6 +211,8 @@ def run_round(
     run_dir = launcher.run_dir(name)
     goodput = account_run(run_dir)
     results = _results(faults, outs, goodput, run_dir, notes, launcher.fired)
+    for res in results:
+        res.inject = launcher.describe([res.fault])
     ours, theirs = last.weights_checksum(), reference.weights_checksum()
     return Round(
         number,

@@ -55,6 +55,13 @@ from trainguard.util.processes import (
     signal_process,
 )
 
+SENT = {  # each fault as it is sent from outside
+    "kill": "SIGKILL of the job",
+    "corrupt": "SIGKILL of the job (two checkpoints committed), a byte of the newest flipped",
+    "rank_kill": "SIGKILL of rank 1",
+    "hung_rank": "SIGSTOP of rank 1",
+    "slow_rank": "rank 1 stopped 0.1 s of every 0.12 s",
+}
 POLL_S = 0.01  # the record is read when it grows; a toy step takes ~25 ms
 SLOW_STOP_S, SLOW_RUN_S = 0.1, 0.02  # slow_rank: stopped 0.1 s of every 0.12 s
 
@@ -108,7 +115,8 @@ class CommandLauncher:
         return self.workdir / name
 
     def describe(self, faults: list[Fault]) -> str:
-        return ",".join(f.label for f in faults)
+        """What is sent to the job, and when (the JSON's `inject` for a command)."""
+        return ", ".join(f"{SENT[f.kind]} once step {f.step - 1} is recorded" for f in faults)
 
     def command(self, run_dir: Path) -> list[str]:
         return [w.replace(RUN_DIR, str(run_dir)) for w in self.argv]
