@@ -128,6 +128,47 @@ def test_budgets_switch_the_default_groups_timeout(tmp_path) -> None:
         dist.destroy_process_group()
 
 
+def test_a_resumed_process_derives_its_timeouts_from_the_saved_step_times(tmp_path) -> None:
+    """The step times travel with the checkpoint (DistributedGuards.state_dict): a process
+    resumed on as many processes has the derived timeout from its first warm step, not the
+    fixed 300 s + 60 s for 5 more steps (a rank hung then took six minutes to name); on
+    another process count, and from a damaged state, it times its own steps."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    def group_timeout() -> float:
+        group = dist.distributed_c10d._get_default_group()
+        return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 's'}", rank=0, world_size=1)
+    try:
+        saving = DistributedGuards(DistributedConfig())
+        now = 0.0
+        for _ in range(8):  # 1 s steps
+            now += 1.0
+            saving.timeouts.step_boundary(now)
+        state = json.loads(json.dumps(saving.state_dict()))  # as a checkpoint holds it
+        assert state["step_times"]["world_size"] == 1
+
+        resumed = DistributedGuards(DistributedConfig())
+        resumed.load_state_dict(state)
+        resumed.timeouts.step_boundary(500.0)  # its first warm step: none timed of its own
+        assert resumed.timeouts.applied_s == pytest.approx(15.0)
+        assert group_timeout() == pytest.approx(15.0) and resumed.hang_timeout_s() == 15.0
+
+        elsewhere = GroupTimeouts(DistributedConfig())
+        elsewhere.load_state_dict({**state["step_times"], "world_size": 2}, world_size=1)
+        elsewhere.step_boundary(500.0)
+        assert elsewhere.applied_s == 300.0  # saved on 2 processes: another pace
+        damaged = {"world_size": 1, "durations": ["1.0", -1, float("nan"), True, 1e400, None]}
+        elsewhere.load_state_dict(damaged, world_size=1)
+        assert list(elsewhere.step_times.durations) == []
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize(
     "key,value",
     [

@@ -9,12 +9,20 @@ over the last 128 step times after warm-up (fixed values until 5 were seen, or w
 `derive_timeouts: false`). Until warm-up ends the default group keeps `init_timeout_s` (the
 start-up budget); while the loop is in its `checkpoint` or `eval` phase it has
 `checkpoint_timeout_s` / `eval_timeout_s`, and such a step is no step time.
+
+The step times travel with the checkpoint (`state_dict`): a process that resumes on as many
+processes as the one that saved takes them, so its timeouts are derived from its first warm
+step on, not after 5 more steps under the fixed ones (300 s + 60 s: a rank hung early in a
+resumed job would take six minutes to name). On another process count the steps run at
+another pace: it times its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
+from typing import Any
 
 from trainguard.config.distributed import DistributedConfig
 from trainguard.guard.derived_timeouts import StepTimes, derived_timeout
@@ -85,6 +93,25 @@ class GroupTimeouts:
             yield
         finally:
             self.enter(prev)
+
+    def state_dict(self, world_size: int) -> dict[str, Any]:
+        return {"world_size": world_size, "durations": list(self.step_times.durations)}
+
+    def load_state_dict(self, state: Any, world_size: int) -> None:
+        """Take the step times of the process that saved `state` when it ran on `world_size`
+        processes too. A checkpoint is data: anything but a list of positive finite seconds
+        is left out."""
+        if not isinstance(state, dict) or state.get("world_size") != world_size:
+            return
+        durations = state.get("durations")
+        if not isinstance(durations, list):
+            return
+        seconds = [
+            float(d)
+            for d in durations
+            if isinstance(d, int | float) and not isinstance(d, bool) and 0 < d < math.inf
+        ]
+        self.step_times.durations.extend(seconds[-(self.step_times.durations.maxlen or 0) :])
 
     def step_boundary(self, now: float) -> None:
         """A warm step ended at `now` (monotonic): time it, and give the default group the

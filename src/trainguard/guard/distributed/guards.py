@@ -338,13 +338,19 @@ class DistributedGuards:
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The straggler windows and the replica rollback count (same on every rank)."""
+        """The straggler windows and the replica rollback count (same on every rank), and the
+        step times the timeouts are derived from (the saving rank's)."""
         return {
             "version": STATE_VERSION,
             "stragglers": self.stragglers.state_dict(),
             "replica_rollbacks": self.replica_rollbacks,
+            "step_times": self.timeouts.state_dict(self._world_size()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.stragglers.load_state_dict(state.get("stragglers", {}))
         self.replica_rollbacks = int(state.get("replica_rollbacks", 0))
+        self.timeouts.load_state_dict(state.get("step_times"), self._world_size())
+
+    def _world_size(self) -> int:
+        return self.group.size if self.group is not None else 1
