@@ -190,9 +190,8 @@ def test_a_soak_of_a_torchrun_command_loses_nothing(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
     (r,) = out["rounds"]
-    # The hung rank lands 14 steps into its launch (which resumed from checkpoint 15): the
-    # loop's guard has timed its steps, and its collective timeout is the 15 s floor, not the
-    # 300 s it keeps until then.
+    # The hung rank lands 14 steps into its launch (which resumed from checkpoint 15): past
+    # its warm-up, with the saved step times, so its collective timeout is the 15 s floor.
     labels = ["rank_kill@14", "corrupt@23", "hung_rank@29", "kill@31"]
     assert [f["label"] for f in r["faults"]] == labels
     assert all(f["detected"] for f in r["faults"]), r["faults"]
