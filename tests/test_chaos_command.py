@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-import trainguard
+from publicloop import public_loop
 from runhelpers import run_cli
 from trainguard.drills.chaos import corrupt_newest
 from trainguard.drills.chaos_command import (
@@ -123,38 +122,10 @@ def test_each_fault_says_what_is_sent_to_the_job(tmp_path: Path) -> None:
     )
 
 
-def _loop(out: Path, steps: int = 12, every: int = 3) -> None:
-    """A loop on the public parts, as a user writes it: its record and its checkpoints."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    sampler = trainguard.ElasticSampler(96, global_batch_size=4, seed=0, world_size=1, rank=0)
-    guard = trainguard.Guard(run_dir=out)
-    checkpointer = trainguard.Checkpointer(out / "ckpt", keep=2)
-    state = {"model": model, "optimizer": optimizer, "sampler": sampler, "guard": guard}
-    guard.record.attach(sampler=sampler, checkpoints=checkpointer.root)
-    step = checkpointer.load_latest(state) or 0
-    guard.report(checkpointer.last_findings)
-    data = torch.randn(96, 4, generator=torch.Generator().manual_seed(1))
-    while step < steps:
-        x = data[sampler.batch_ids(step)]
-        loss = (model(x) - x.sum(1, keepdim=True)).square().mean()
-        loss.backward()
-        judged = guard.judge(step, loss=loss.detach(), model=model, optimizer=optimizer)
-        guard.settle(judged)
-        judged.optimizer_step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        guard.settle(guard.after_update(step, model, optimizer))
-        step += 1
-        if step % every == 0:
-            with guard.phase("checkpoint", step):
-                checkpointer.save(step, state)
-    checkpointer.close()
-    guard.close()
-
-
 def test_the_plan_and_the_checkpoint_root_come_from_the_loops_record(tmp_path: Path) -> None:
-    _loop(tmp_path / "run", steps=14, every=4)  # saves 4, 8, 12 and none at the end
+    public_loop(
+        tmp_path / "run", steps=14, every=4, checkpoints="ckpt", keep=2
+    )  # saves 4, 8, 12 and none at the end
     assert checkpoint_root(tmp_path / "run") == tmp_path / "run" / "ckpt"
     assert plan_of(tmp_path / "run", 0, tmp_path / "log") == (14, 4)
     with pytest.raises(BadInputError, match="exited 1"):
@@ -169,11 +140,13 @@ def test_the_newest_committed_checkpoint_is_corrupted_and_the_resume_records_it(
     """The root the record names (not RUN_DIR/checkpoints): its newest step gets a flipped
     byte; the loop's resume passes over it to the one before and puts C101 on record."""
     run = tmp_path / "run"
-    _loop(run, steps=9, every=3)
+    public_loop(run, steps=9, every=3, checkpoints="ckpt", keep=2)
     root = checkpoint_root(run)
     assert root is not None
     assert corrupt_newest(root) == "a byte of step-9/state.safetensors flipped"
-    _loop(run, steps=12, every=3)  # resumes from 6, trains on to 12
+    public_loop(
+        run, steps=12, every=3, checkpoints="ckpt", keep=2
+    )  # resumes from 6, trains on to 12
     rows = [json.loads(line) for line in (run / "guard.jsonl").read_text().splitlines()]
     assert any(r["code"] in ("C101", "C102") and r["step"] == 9 for r in rows)
     assert corrupt_newest(tmp_path / "none") == "no checkpoint to corrupt"

@@ -10,67 +10,23 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-import trainguard
+from publicloop import Crash, public_loop
+from trainguard.drills.chaos import corrupt_newest
 from trainguard.goodput.accounting import account_run
 from trainguard.metrics.jsonl import read_metrics
 
 STEPS, EVERY, CRASH = 12, 3, 8
 
 
-class Crash(Exception):
-    """The process dies mid-step: nothing after this point runs (no close, no end row)."""
-
-
-def own_loop(out: Path, crash_at: int | None = None) -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    sampler = trainguard.ElasticSampler(96, global_batch_size=4, seed=0, world_size=1, rank=0)
-    data = torch.randn(96, 4)
-    guard = trainguard.Guard(run_dir=out)
-    checkpointer = trainguard.Checkpointer(out / "checkpoints", keep=5)
-    state = {"model": model, "optimizer": optimizer, "sampler": sampler, "guard": guard}
-    guard.record.attach(sampler=sampler, checkpoints=checkpointer.root)
-    step = checkpointer.load_latest(state) or 0
-    guard.report(checkpointer.last_findings)  # a checkpoint passed over (C101) goes on record
-    while step < STEPS:
-        if step == crash_at:
-            raise Crash
-        with guard.phase("data", step):
-            x = data[sampler.batch_ids(step)]
-        loss = (model(x) - x.sum(1, keepdim=True)).square().mean()
-        loss.backward()
-        judged = guard.judge(step, loss=loss.detach(), model=model, optimizer=optimizer)
-        guard.settle(judged)
-        judged.optimizer_step(optimizer)
-        optimizer.zero_grad(set_to_none=True)
-        guard.settle(guard.after_update(step, model, optimizer))
-        step += 1
-        if step % EVERY == 0:
-            with guard.phase("checkpoint", step):
-                checkpointer.save(step, state)
-    checkpointer.close()
-    guard.close()
-
-
-def _damage_newest(root: Path) -> int:
-    newest = max(root.glob("step-*"), key=lambda p: p.name)
-    tensors = newest / "state.safetensors"
-    data = bytearray(tensors.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    tensors.write_bytes(bytes(data))
-    return int(newest.name.split("-")[1])
-
-
 @pytest.fixture(scope="module")
 def crashed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("own-loop")
     with pytest.raises(Crash):
-        own_loop(out, crash_at=CRASH)
-    assert _damage_newest(out / "checkpoints") == 6  # the resume falls back to 3
-    own_loop(out)
+        public_loop(out, crash_at=CRASH)
+    flipped = corrupt_newest(out / "checkpoints")
+    assert flipped == "a byte of step-6/state.safetensors flipped"  # the resume falls back to 3
+    public_loop(out)
     return out
 
 
