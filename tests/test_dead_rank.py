@@ -128,6 +128,8 @@ def test_the_launcher_names_the_dead_worker_not_the_ones_it_stopped() -> None:
     (f,) = dead_workers({0: _failure(0, -signal.SIGTERM)})
     assert (f.rank, f.data["signal"]) == (0, signal.SIGTERM)
     assert dead_workers({0: _failure(0, 3), 1: _failure(1, 3)}) == []  # a hang: R301, not dead
+    # A hang's survivor exited 3 and the agent then stopped the hung rank: nobody is dead.
+    assert dead_workers({0: _failure(0, 3), 1: _failure(1, -signal.SIGTERM)}) == []
 
 
 def test_a_killed_rank_sets_the_job_status_whichever_exit_the_agent_saw_first() -> None:

@@ -104,6 +104,8 @@ def test_each_injected_fault_names_rank_1_and_a_clean_round_is_silent(tmp_path: 
     (hung,) = [f for f in rounds["hang/r1"]["findings"] if f["code"] == "H412"]
     assert hung["where"] and hung["data"]["device"] == "cpu"
     assert status == 1 and report["ok"] is False
+    # Rank 0, done with its verdict, exits as a hang's survivor (3): not named dead (R302).
+    assert [f for f in report["findings"] if f["code"] == "R302"] == [], report["findings"]
     # The clean round's figures: every rank answered, the collectives were measured.
     clean = rounds["none"]
     assert [r["rank"] for r in clean["ranks"]] == [0, 1]

@@ -156,8 +156,10 @@ def _as_rank(recipe: Any, plan: Any, rounds: list, as_json: bool) -> None:
             json.dumps({**payload, "findings": [f.to_dict() for f in report.findings]}),
             encoding="utf-8",
         )
-        # A hung rank still runs: a failed rank 0 makes the launcher stop it.
-        raise typer.Exit(ExitStatus.FINDINGS if report.hung else ExitStatus.OK)
+        # A hung rank still runs: a failed rank 0 makes the launcher stop it. Status 3, a
+        # hang's survivor (as a run's): the launcher names a worker that exits otherwise as
+        # dead (R302), which this one is not. The command's own status comes from the report.
+        raise typer.Exit(ExitStatus.HANG if report.hung else ExitStatus.OK)
     _report(payload, report.findings, as_json)
 
 

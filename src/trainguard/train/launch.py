@@ -100,11 +100,9 @@ def dead_workers(failures: dict[int, Any]) -> list[Finding]:
         for r, c in codes.items()
         if c not in (ExitStatus.HANG, -signal.SIGTERM)
     }
-    if not dead:
-        stopped = [r for r, c in codes.items() if c == -signal.SIGTERM]
-        if stopped:
-            first = min(stopped, key=lambda r: failures[r].timestamp)
-            dead = {first: Death.from_exitcode(codes[first])}
+    if codes and all(c == -signal.SIGTERM for c in codes.values()):
+        first = min(codes, key=lambda r: failures[r].timestamp)
+        dead = {first: Death.from_exitcode(codes[first])}
     if not dead:
         return []
     hosts = [socket.gethostname()] * (max(dead) + 1)  # local workers: this host
