@@ -132,6 +132,10 @@ def test_the_plan_and_the_checkpoint_root_come_from_the_loops_record(tmp_path: P
         plan_of(tmp_path / "run", 1, tmp_path / "log")
     with pytest.raises(BadInputError, match="no step rows"):
         plan_of(tmp_path / "empty", 0, tmp_path / "log")
+    # Checkpoints outside the run dir: every run of the soak would resume from the same ones.
+    public_loop(tmp_path / "shared", steps=6, every=3, checkpoints="../elsewhere")
+    with pytest.raises(BadInputError, match="outside its run dir"):
+        plan_of(tmp_path / "shared", 0, tmp_path / "log")
 
 
 def test_the_newest_committed_checkpoint_is_corrupted_and_the_resume_records_it(

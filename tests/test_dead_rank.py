@@ -142,6 +142,10 @@ def test_a_killed_rank_sets_the_job_status_whichever_exit_the_agent_saw_first() 
     assert job_status({0: survivor, 1: killed}) == ExitStatus.FINDINGS
     # A hang: every rank exits 3, and the job's status says so.
     assert job_status({0: _failure(0, 3), 1: _failure(1, 3)}) == ExitStatus.HANG
+    # A worker stopped from outside (SIGTERM) whose survivor named it: 3, whichever came first.
+    stopped, survivor = _failure(1, -signal.SIGTERM), _failure(0, 3)
+    stopped.timestamp, survivor.timestamp = 100, 101
+    assert job_status({0: survivor, 1: stopped}) == ExitStatus.HANG
     # A worker that exited with a status of its own (bad input) keeps it.
     assert job_status({0: _failure(0, -signal.SIGTERM), 1: _failure(1, 2)}) == 2
 

@@ -10,7 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+import trainguard
 from publicloop import Crash, public_loop
 from trainguard.drills.chaos import corrupt_newest
 from trainguard.goodput.accounting import account_run
@@ -53,6 +55,40 @@ def test_the_resume_finding_is_kept_after_the_cut(crashed_and_resumed: Path) -> 
     c101 = [i for i, r in enumerate(rows) if r.get("code") in ("C101", "C102")]
     assert len(attempts) == 2 and c101, [r.get("code") for r in rows if r.get("code")]
     assert rows[c101[0]]["step"] == 6 and attempts[1] < c101[0]  # the second process's start
-    assert rows[-1]["what"] == "end" and rows[-1]["step"] == STEPS - 1
+    assert rows[-1]["what"] == "end" and rows[-1]["step"] == STEPS  # completed steps
     run = json.loads((crashed_and_resumed / "run.json").read_text())
     assert run["schema_version"] == 2
+
+
+def test_a_fresh_start_in_a_used_folder_keeps_the_earlier_record(tmp_path: Path) -> None:
+    """A loop that starts at step 0 where a record already is (a reused output folder) is a
+    new run: the earlier log is kept aside, never cut, and no restart is invented."""
+    public_loop(tmp_path, steps=6, every=3, checkpoints="first")
+    earlier = (tmp_path / "metrics.jsonl").read_text()
+    public_loop(tmp_path, steps=6, every=3, checkpoints="second")  # no checkpoint: step 0
+    assert (tmp_path / "metrics.earlier.jsonl").read_text() == earlier
+    g = account_run(tmp_path)
+    assert g.attempts == 1 and g.restarts == [] and g.steps == 6
+
+
+def test_only_global_rank_0_writes_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank may build `Guard(run_dir=D)` with the same D: rank 1 writes no record (its
+    first step would otherwise cut rank 0's log), and closing twice ends the record once."""
+    monkeypatch.setenv("RANK", "1")
+    public_loop(tmp_path / "rank1", steps=6, every=3)
+    assert not (tmp_path / "rank1" / "metrics.jsonl").exists()
+    assert not (tmp_path / "rank1" / "run.json").exists()
+    monkeypatch.setenv("RANK", "0")
+    guard = trainguard.Guard(run_dir=tmp_path / "rank0")
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    guard.judge(0, loss=torch.tensor(1.0), model=model, optimizer=optimizer).optimizer_step(
+        optimizer
+    )
+    guard.close()
+    guard.close()
+    ends = [r for r in read_metrics(tmp_path / "rank0") if r.get("what") == "end"]
+    assert [r["step"] for r in ends] == [1]

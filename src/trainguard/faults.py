@@ -11,9 +11,9 @@ none.
 Faults:
 - `kill@N:PHASE`  SIGKILL this process when step N reaches PHASE (data, forward, backward,
   optimizer; or checkpoint / checkpoint_write: the checkpoint saved after step N, which holds
-  N + 1 completed steps). With checkpoint_write the writer thread kills it mid-write while
-  step N + 1 waits in its data phase (at most WRITE_KILL_WAIT_S): the steps logged before the
-  kill are the same on an idle and a loaded machine.
+  N + 1 completed steps). With checkpoint_write rank 0's writer thread kills it mid-write
+  while its step N + 1 waits in its data phase (at most WRITE_KILL_WAIT_S): the steps logged
+  before the kill are the same on an idle and a loaded machine.
 - `nan@N`         the loss of step N becomes NaN (a poisoned batch).
 - `spike@N`       the loss of step N is multiplied by 50 (an outlier batch).
 - `hang@N`        step N sleeps forever in the forward pass (for the hang watchdog).
@@ -76,6 +76,7 @@ class FaultPlan:
     burn_from: int | None = None
     sleep_steps: set[int] = field(default_factory=set)
     fired: set[str] = field(default_factory=set)
+    rank: int = 0  # this process's (the writer of a non-sharded checkpoint is rank 0)
     poisoned: dict[int, str] = field(default_factory=dict)
     settle_writes: Callable[[], object] | None = None
     """Set by the run's loop: waits for a checkpoint being written in the background. A kill
@@ -92,7 +93,7 @@ class FaultPlan:
     def parse(cls, text: str | None, rank: int | None = None) -> FaultPlan:
         """`rank`: this process's rank (default: `RANK` from the environment, else 0)."""
         rank = int(os.environ.get("RANK", "0")) if rank is None else rank
-        plan = cls()
+        plan = cls(rank=rank)
         for item in filter(None, (t.strip() for t in (text or "").split(","))):
             body, _, target = item.partition("/")
             name, _, where = body.partition("@")
@@ -156,9 +157,10 @@ class FaultPlan:
 
     def at(self, phase: str, step: int) -> None:
         """Step `step` (0-based) enters `phase`."""
-        if phase == "data" and self.kills.get(step - 1) == "checkpoint_write":
-            # The write of the checkpoint saved after step - 1 runs in the writer thread, which
-            # kills this process from there; the loop waits for it rather than race ahead.
+        if phase == "data" and self.rank == 0 and self.kills.get(step - 1) == "checkpoint_write":
+            # The write of the checkpoint saved after step - 1 runs in rank 0's writer thread,
+            # which kills this process from there; the loop waits for it rather than race
+            # ahead (the other ranks go on: they hear of no write, and name rank 0 dead).
             time.sleep(WRITE_KILL_WAIT_S)  # only returns when the write never came (skipped)
         if self.kills.get(step) == phase:
             if self.settle_writes is not None and phase != "checkpoint_write":

@@ -309,7 +309,7 @@ class Job:
     def _reap_when_survivors_end(self, stopped: tuple[int, str]) -> None:
         """Once another worker has ended (it named the hung rank), the stopped one is killed:
         a launcher's SIGTERM would wait for a stopped process."""
-        others = [p for p in self.processes() if _rank_of(p[0]) not in (None, "1")]
+        others = [p for rank, p in workers(self.processes()).items() if rank != "1"]
         while not self.done.is_set():
             if any(not signal_process(pid, start, 0) for pid, start in others):
                 signal_process(*stopped, signal.SIGKILL)
@@ -335,6 +335,17 @@ def rank_process(
         if _rank_of(child) == str(rank):
             return child, start
     return None
+
+
+def workers(found: list[tuple[int, str]]) -> dict[str, tuple[int, str]]:
+    """RANK -> the worker among `found` (`descendants`, nearest first): the nearest process
+    with that RANK, not its children (data-loader workers, compilers), which inherit it."""
+    out: dict[str, tuple[int, str]] = {}
+    for proc in found:
+        rank = _rank_of(proc[0])
+        if rank is not None:
+            out.setdefault(rank, proc)
+    return out
 
 
 def _rank_of(pid: int) -> str | None:

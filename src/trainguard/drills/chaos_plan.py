@@ -82,6 +82,13 @@ def plan_of(run_dir: Path, returncode: int, log: Path) -> tuple[int, int]:
         and isinstance(r.get("step"), int)
     }
     root = checkpoint_root(run_dir)
+    if root is not None and not Path(root).resolve().is_relative_to(Path(run_dir).resolve()):
+        raise BadInputError(
+            f"the reference run of --command keeps its checkpoints in {root}, outside its "
+            f"run dir {run_dir}: every run of the soak would resume from the same ones (and a "
+            "corrupt fault would damage them)",
+            "put the checkpoints under {run_dir} (e.g. Checkpointer(run_dir / 'checkpoints'))",
+        )
     if not saved and root is not None:
         saved = set(committed_steps(root))
     points = sorted(s for s in saved if 0 < s < steps) or sorted(s for s in saved if s > 0)

@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -125,9 +126,25 @@ def _root_as_recorded(run_dir: str | Path, root: str | Path) -> str:
         return str(path)
 
 
+def global_rank() -> int:
+    """This process's rank in the job: torch.distributed's once initialised, else torchrun's
+    `RANK`, else 0."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")  # never imported for this question
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    rank = os.environ.get("RANK", "0")
+    return int(rank) if rank.isdigit() else 0
+
+
 class RecordWriter:
     """The run record of a loop that is not `trainguard run` (the Guard writes through it, its
     rows by way of `goodput.loop_timing.LoopTiming`, which adds goodput's timing rows).
+
+    Global rank 0 writes it; on every other rank it takes the attachments and writes nothing
+    (`writes`): a run dir has one writer, and the ranks' guards take the same decisions. So
+    `Guard(run_dir=D)` may be built with the same D on every rank.
 
     `attach(...)` names what the record cannot see by itself (the sampler, the optimizer, the
     user's config, the checkpoint location, the tokens per sample) and rewrites run.json; a
@@ -145,6 +162,12 @@ class RecordWriter:
         self.tokens_per_sample: int | None = None
         self._described = False
         self._last_row_at: float | None = None  # the step time where the loop gives none
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the record (global rank 0), asked at each write: a
+        framework may set up the process group after the guard was built (Lightning)."""
+        return global_rank() == 0
 
     def attach(
         self,
@@ -173,7 +196,9 @@ class RecordWriter:
         self.describe()
 
     def describe(self) -> None:
-        """(Re)write run.json from what is attached."""
+        """(Re)write run.json from what is attached (global rank 0)."""
+        if not self.writes:
+            return
         write_run_info(
             self.run_dir,
             loop=self.loop,
@@ -218,6 +243,8 @@ class RecordWriter:
 
     def write(self, row: Mapping[str, Any]) -> None:
         """Append one row (finding, event) to metrics.jsonl; run.json first if not yet."""
+        if not self.writes:
+            return
         if not self._described:
             self.describe()
         self.log.write({k: json_safe(v) for k, v in row.items()})

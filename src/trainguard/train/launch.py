@@ -116,6 +116,8 @@ def job_status(failures: dict[int, Any]) -> int:
     job's status names the cause, the same whichever the agent saw first."""
     survivors = (ExitStatus.HANG, -signal.SIGTERM)
     dead = [f for f in failures.values() if int(f.exitcode) not in survivors]
+    if not dead and any(int(f.exitcode) == ExitStatus.HANG for f in failures.values()):
+        return ExitStatus.HANG  # a hang named (or a worker stopped from outside): resume
     first = min(dead or failures.values(), key=lambda f: f.timestamp)
     return int(first.exitcode) if int(first.exitcode) > 0 else ExitStatus.FINDINGS
 

@@ -22,7 +22,7 @@ from trainguard.train.envinfo import BITWISE_KEYS, drift_findings, environment_c
 
 class ReferenceCallback(Callback):
     name = "reference"
-    priority = 85  # right after the step row (StepLog), before the resume's record (pre_train)
+    priority = 85  # right after the step row (StepLog); its pre_train after the resume's cut (87)
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ from trainguard.util.processes import process_started_at
 
 class ResumeCallback(Callback):
     name = "resume"
-    priority = 80  # after pre-flight, before anything else writes rows
+    priority = 87  # after pre-flight and the run files, before any other callback writes rows
 
     def __init__(self, env: dict[str, Any]) -> None:
         self.env = env
