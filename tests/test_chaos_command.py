@@ -25,7 +25,7 @@ from trainguard.drills.chaos_command import (
     command_nproc,
     parse_command,
 )
-from trainguard.drills.chaos_external import CommandLauncher, rank_process
+from trainguard.drills.chaos_external import CommandLauncher, rank_process, workers
 from trainguard.drills.chaos_plan import checkpoint_root, plan_of
 from trainguard.drills.chaos_schedule import Fault
 from trainguard.errors import BadInputError
@@ -102,6 +102,33 @@ def test_the_rank_1_worker_is_found_in_a_real_process_tree() -> None:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)  # its own group: the worker too
         launcher.wait()
+
+
+def test_a_workers_children_are_not_workers() -> None:
+    """A worker's child (a data-loader worker, a compiler) inherits its RANK: the hung-rank
+    reaper watches the worker, the nearest process of each RANK, not the child, whose exit
+    would otherwise count as a survivor ending."""
+    worker = (
+        "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+        "'import time; time.sleep(60)'])"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", worker], env={**os.environ, "RANK": "0"}, start_new_session=True
+    )
+    try:
+        found: list = []
+        for _ in range(200):  # both start within a few seconds
+            ours = {proc.pid, *(pid for pid, _ in descendants(proc.pid))}
+            # This process's other children (a Spark JVM of another test) are not ours.
+            found = [p for p in descendants(os.getpid()) if p[0] in ours]
+            if len(found) >= 2:
+                break
+            time.sleep(0.05)
+        assert len(found) == 2, found
+        assert {r: pid for r, (pid, _) in workers(found).items()} == {"0": proc.pid}
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_a_workdir_with_an_earlier_soaks_runs_is_refused(tmp_path: Path) -> None:
