@@ -5,6 +5,7 @@ when derivation is off or too few steps were seen. And the dead-peer check
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -98,8 +99,8 @@ def test_budgets_switch_the_default_groups_timeout(tmp_path) -> None:
     import torch
     import torch.distributed as dist
 
-    def group_timeout() -> float:
-        group = dist.distributed_c10d._get_default_group()
+    def group_timeout(group=None) -> float:
+        group = group or dist.distributed_c10d._get_default_group()
         return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 's'}", rank=0, world_size=1)
@@ -107,6 +108,10 @@ def test_budgets_switch_the_default_groups_timeout(tmp_path) -> None:
         start = group_timeout()
         config = DistributedConfig(checkpoint_timeout_s=600, eval_timeout_s=900)
         t = GroupTimeouts(config)
+        # The guard's monitor group follows too: its per-step all-gathers (the agreement on
+        # the metrics) otherwise waited `sync_timeout_s` (1800 s) for a rank stopped there.
+        monitor = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=1800))
+        t.groups.append(monitor)
         t.enter("checkpoint")  # warming up: the start-up timeout stands
         assert group_timeout() == start
         t.enter("data")
@@ -115,8 +120,9 @@ def test_budgets_switch_the_default_groups_timeout(tmp_path) -> None:
             now += 1.0
             t.step_boundary(now)
         assert t.applied_s == pytest.approx(15.0) and group_timeout() == pytest.approx(15.0)
+        assert group_timeout(monitor) == pytest.approx(15.0)
         t.enter("checkpoint")
-        assert group_timeout() == 600
+        assert group_timeout() == 600 and group_timeout(monitor) == 600
         now += 200.0  # a long save: its step is no step time
         t.enter("data")
         t.step_boundary(now)

@@ -74,9 +74,10 @@ class MonitorGroup:
         return out
 
 
-def shorten_default_timeout(seconds: float) -> None:
-    """Set the default (gradient) group's collective timeout: after warm-up a rank that does
-    not arrive is noticed in `seconds` rather than after the backend's default 10-30 minutes."""
+def shorten_default_timeout(seconds: float, group: Any = None) -> None:
+    """Set the collective timeout of `group` (None: the default, gradient group): after warm-up
+    a rank that does not arrive is noticed in `seconds` rather than after the backend's
+    default 10-30 minutes (or the monitor group's `sync_timeout_s`)."""
     from torch.distributed.distributed_c10d import _set_pg_timeout  # no public equivalent
 
-    _set_pg_timeout(_td(seconds), None)
+    _set_pg_timeout(_td(seconds), group)

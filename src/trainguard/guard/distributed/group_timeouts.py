@@ -39,6 +39,10 @@ class GroupTimeouts:
         self.step_times = StepTimes()
         self.applied_s: float | None = None  # the default group's step timeout, once warm
         self.budget_phase: str | None = None  # the budget phase the loop is in
+        # The groups whose timeout follows the step: the default (gradient) group, and the
+        # guard's own monitor group once made (its per-step all-gathers: a rank stopped between
+        # the gradient all-reduce and the guard's agreement would wait `sync_timeout_s`).
+        self.groups: list[Any] = [None]
 
     def _derived(self, ceiling_s: float) -> float | None:
         c = self.config
@@ -82,7 +86,7 @@ class GroupTimeouts:
             self.step_times.skip_this_step()
         if self.applied_s is None:
             return  # still warming up
-        shorten_default_timeout(self.budget_s(budget) if budget is not None else self.applied_s)
+        self._apply(self.budget_s(budget) if budget is not None else self.applied_s)
 
     @contextlib.contextmanager
     def budget(self, phase: str) -> Iterator[None]:
@@ -93,6 +97,10 @@ class GroupTimeouts:
             yield
         finally:
             self.enter(prev)
+
+    def _apply(self, seconds: float) -> None:
+        for group in self.groups:
+            shorten_default_timeout(seconds, group)
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
         return {"world_size": world_size, "durations": list(self.step_times.durations)}
@@ -123,4 +131,4 @@ class GroupTimeouts:
         if old is None or abs(t - old) > 0.1 * old:
             self.applied_s = t
             if self.budget_phase is None:
-                shorten_default_timeout(t)
+                self._apply(t)

@@ -95,6 +95,8 @@ class DistributedGuards:
             # within a fraction of a second, too soon for the first import of every code module.
             get_code("R302")
         self.timeouts = GroupTimeouts(self.config)
+        if self.active:
+            self.timeouts.groups.append(self.group.group)
 
     @property
     def active(self) -> bool:
@@ -129,6 +131,7 @@ class DistributedGuards:
             return
         self.group = MonitorGroup.create(self.config.sync_timeout_s)
         if self.active:
+            self.timeouts.groups.append(self.group.group)
             self._sigterm = SigtermStackDump(self.run_dir, self.rank)
             self._sigterm.arm()
 
