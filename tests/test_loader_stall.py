@@ -67,11 +67,9 @@ def test_guard_phase_times_the_data_phase_in_one_process() -> None:
     assert not r605(loop(trainguard.Guard(), data_sleep=0.0, compute_sleep=0.05))
 
 
-# A whole run per path (~10 s each): both with the slow set, to keep the default suite under 5
-# minutes; the default suite keeps the guard timing the data phase and naming the stall
-# (test_guard_phase_times_the_data_phase_in_one_process, the detector tests above).
-@pytest.mark.slow
-@pytest.mark.parametrize("decide_on", ["host", "device"])
+# The host path is the default run's representative; the device path's wiring (the step's time
+# between step starts) runs with the slow set.
+@pytest.mark.parametrize("decide_on", ["host", pytest.param("device", marks=pytest.mark.slow)])
 def test_run_with_a_slow_loader_names_the_loader(
     tmp_path: Path, small_corpus: Path, cache_dir: Path, decide_on: str
 ) -> None:
