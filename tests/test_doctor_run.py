@@ -51,9 +51,6 @@ def test_run_doctor_stops_the_run_before_data_preparation_on_an_error(
     assert not (run_dir / "tokenizer.json").exists()  # stopped before data preparation
 
 
-# ~10 s on the timing-serial worker (a resume of a finished run with the doctor): slow, to keep
-# the default suite under 5 minutes; it keeps the doctor stopping a run before its data (above).
-@pytest.mark.slow
 def test_resuming_with_the_doctor_runs_it_first_and_is_the_same_run(
     tiny_recipe: Path, tiny_run_copy: Path
 ) -> None:
